@@ -1,0 +1,33 @@
+# The two README commands: `make serve` and `make test`. Both create .venv/ and install voxgate.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test lint redis clean bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,torch]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/voxgate serve
+
+# A Redis server normally runs on 127.0.0.1:6379 here; start (or install) one if not.
+redis:
+	@deploy/ensure-redis.sh
+
+test: $(STAMP) redis
+	$(BIN)/ruff check gateway synth dsp tests
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/voxgate bench synth
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Synchronous audio DSP blocks with explicit state, each with a one-shot twin."""

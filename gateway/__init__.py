@@ -1,0 +1,1 @@
+"""voxgate gateway: SIP/RTP and WebRTC legs, calls, agents, and the command line."""

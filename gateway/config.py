@@ -1,0 +1,261 @@
+"""voxgate configuration: one TOML file, every key overridable.
+
+Precedence (lowest to highest): built-in defaults < ``voxgate.toml`` < ``VOXGATE_<SECTION>_<KEY>``
+environment variables < command-line flags (``--<section>-<key> VALUE``, plus a few documented
+short aliases such as ``--redis``). Every error names the offending key; the CLI prints it on one
+line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "VOXGATE_"
+DEFAULT_CONFIG_NAME = "voxgate.toml"
+
+
+class ConfigError(Exception):
+    """A bad configuration value; ``str()`` names the key (``section.key``)."""
+
+
+@dataclass
+class BusConfig:
+    # "memory": one process holds gateway and worker (the embedded default);
+    # "redis": gateway and workers are separate processes sharing a Redis server.
+    kind: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Prefix of every Redis key/stream voxgate writes, so several deployments can share a server.
+    prefix: str = "voxgate"
+    # Cap (approximate MAXLEN) of each call's audio stream.
+    audio_maxlen: int = 2000
+    # Seconds a cancel marker lives; longer than any utterance can take.
+    cancel_ttl_s: float = 120.0
+
+    def validate(self) -> None:
+        _choice("bus.kind", self.kind, ("memory", "redis"))
+        if self.kind == "redis" and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"bus.redis_url: not a redis URL: {self.redis_url!r}")
+        _positive("bus.audio_maxlen", self.audio_maxlen)
+        _positive("bus.cancel_ttl_s", self.cancel_ttl_s)
+
+
+@dataclass
+class SynthConfig:
+    engine: str = "onnx"
+    device: str = "cpu"
+    # Empty: the bundled en_US-joe-medium; otherwise the path to a Piper voice's .onnx
+    # (its .onnx.json must sit beside it).
+    voice: str = ""
+    # Utterances synthesised at once by one worker.
+    concurrency: int = 4
+    # onnxruntime / torch intra-op threads per engine call (0: library default).
+    threads: int = 1
+    # Longest request text accepted, in characters; longer gets a clear error, not a truncation.
+    max_text_chars: int = 5000
+    # Narrowband EQ boost across 1-3 kHz, in dB.
+    eq_gain_db: float = 2.0
+    # Wideband profile output rate (48000 for WebRTC/Opus, 16000 for G.722-style legs).
+    wideband_rate: int = 48000
+
+    def validate(self) -> None:
+        _choice("synth.engine", self.engine, ("onnx", "torch"))
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"synth.device: expected 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.engine == "onnx" and self.device != "cpu":
+            raise ConfigError("synth.device: the onnx engine runs on 'cpu'; use engine 'torch' for cuda")
+        if self.voice and not Path(self.voice).is_file():
+            raise ConfigError(f"synth.voice: no such voice file: {self.voice!r}")
+        _positive("synth.concurrency", self.concurrency)
+        if self.threads < 0:
+            raise ConfigError(f"synth.threads: must be >= 0, got {self.threads}")
+        _positive("synth.max_text_chars", self.max_text_chars)
+        if not -12.0 <= self.eq_gain_db <= 12.0:
+            raise ConfigError(f"synth.eq_gain_db: must be within [-12, 12], got {self.eq_gain_db}")
+        _choice("synth.wideband_rate", self.wideband_rate, (16000, 48000))
+
+
+@dataclass
+class WorkerConfig:
+    # Consumer name inside the group; empty: hostname-pid.
+    name: str = ""
+    # A request pending this long on a silent consumer is claimed by another worker (XAUTOCLAIM).
+    claim_idle_ms: int = 10000
+    # Default deadline for a request that carries none, in seconds.
+    default_deadline_s: float = 30.0
+
+    def validate(self) -> None:
+        _positive("worker.claim_idle_ms", self.claim_idle_ms)
+        _positive("worker.default_deadline_s", self.default_deadline_s)
+
+
+@dataclass
+class LogConfig:
+    level: str = "info"
+    # "json" (structured, for operators) or "text".
+    format: str = "text"
+
+    def validate(self) -> None:
+        _choice("log.level", self.level, ("debug", "info", "warning", "error"))
+        _choice("log.format", self.format, ("json", "text"))
+
+
+@dataclass
+class Config:
+    bus: BusConfig = field(default_factory=BusConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate()
+
+
+# Short flags documented in the README, mapped onto section.key.
+ALIASES: dict[str, str] = {
+    "redis": "bus.redis_url",
+    "engine": "synth.engine",
+    "device": "synth.device",
+    "voice": "synth.voice",
+    "concurrency": "synth.concurrency",
+}
+
+
+def _choice(key: str, value: object, allowed: tuple[object, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}: must be > 0, got {value}")
+
+
+def _field_types(cls: type) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(key: str, typ: type, value: object) -> Any:
+    """Turn a TOML value or an env/flag string into ``typ``; name the key on failure."""
+    if isinstance(typ, types.UnionType):  # pragma: no cover - no optional keys yet
+        typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    if isinstance(value, str) and typ is not str:
+        text = value.strip()
+        try:
+            if typ is bool:
+                low = text.lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(text)
+            if typ is int:
+                return int(text)
+            if typ is float:
+                return float(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected bool, got {value!r}")
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key}: expected int, got {value!r}")
+    if not isinstance(value, typ):
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
+    return value
+
+
+def _apply(cfg: Config, key: str, value: object) -> None:
+    section_name, _, name = key.partition(".")
+    section_types = {f.name: f.type for f in dataclasses.fields(Config)}
+    if section_name not in section_types:
+        raise ConfigError(f"{key}: unknown section {section_name!r}")
+    section = getattr(cfg, section_name)
+    types_ = _field_types(type(section))
+    if name not in types_:
+        raise ConfigError(f"{key}: unknown key")
+    setattr(section, name, _coerce(key, types_[name], value))
+
+
+def all_keys() -> list[tuple[str, type, object]]:
+    """Every ``section.key`` with its type and default, in declaration order."""
+    out: list[tuple[str, type, object]] = []
+    defaults = Config()
+    for f in dataclasses.fields(Config):
+        section = getattr(defaults, f.name)
+        for name, typ in _field_types(type(section)).items():
+            out.append((f"{f.name}.{name}", typ, getattr(section, name)))
+    return out
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one ``--section-key`` flag per config key (plus the aliases)."""
+    group = parser.add_argument_group("configuration (override voxgate.toml and VOXGATE_* env)")
+    group.add_argument("--config", metavar="FILE", help="config file (default: ./voxgate.toml if present)")
+    for key, typ, default in all_keys():
+        flag = "--" + key.replace(".", "-").replace("_", "-")
+        group.add_argument(
+            flag, dest="cfg:" + key, metavar=typ.__name__.upper(), default=None,
+            help=f"{key} (default {default!r})",
+        )
+    for alias, key in ALIASES.items():
+        group.add_argument("--" + alias, dest="cfg:" + key, default=None, help=f"same as --{key.replace('.', '-').replace('_', '-')}")
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Config:
+    """Build a validated Config from file, environment and overrides (``{"synth.engine": ...}``)."""
+    env = os.environ if env is None else env
+    cfg = Config()
+    if path is None and Path(DEFAULT_CONFIG_NAME).is_file():
+        path = DEFAULT_CONFIG_NAME
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config: no such file: {os.fspath(path)!r}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {os.fspath(path)}: invalid TOML: {exc}") from None
+        for section_name, section in data.items():
+            if not isinstance(section, dict):
+                raise ConfigError(f"{section_name}: expected a [{section_name}] table")
+            for name, value in section.items():
+                _apply(cfg, f"{section_name}.{name}", value)
+    known = {k for k, _, _ in all_keys()}
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var in ("VOXGATE_CONFIG",):
+            continue
+        rest = var[len(ENV_PREFIX):].lower()
+        section_name, _, name = rest.partition("_")
+        key = f"{section_name}.{name}"
+        if key not in known:
+            # A typo in an operator's environment must not be silently ignored.
+            raise ConfigError(f"{var}: unknown setting (no key {key!r})")
+        _apply(cfg, key, value)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _apply(cfg, key, value)
+    cfg.validate()
+    return cfg
+
+
+def load_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:") and v is not None}
+    env_ = os.environ if env is None else env
+    path = getattr(args, "config", None) or env_.get("VOXGATE_CONFIG")
+    return load(path, env_, overrides)

@@ -1,0 +1,1 @@
+"""voxgate synthesis worker: text frontend, streaming engines, bus, worker loop."""

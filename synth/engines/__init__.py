@@ -1,0 +1,35 @@
+"""TTS engines: ``onnx`` (default, onnxruntime) and ``torch`` (Piper's VITS, CPU or CUDA).
+
+Both share the voice frontend (:mod:`synth.engines.voice`) and the streaming decoder
+(:mod:`synth.engines.streaming`); they differ only in the model backend. Engines are imported
+lazily so the gateway side never pays for onnxruntime or torch.
+"""
+
+from __future__ import annotations
+
+from synth.engines.base import Engine, EngineChunk, EngineError, WordMark
+
+__all__ = ["ENGINE_NAMES", "Engine", "EngineChunk", "EngineError", "WordMark", "load_engine"]
+
+ENGINE_NAMES = ("onnx", "torch")
+
+
+def load_engine(name: str, voice: str = "", device: str = "cpu", threads: int = 1) -> Engine:
+    """Build the engine called ``name`` for ``voice`` (``""``: the bundled joe-medium).
+
+    ``device`` only matters for torch (``"cpu"``, ``"cuda"``, ``"cuda:N"``); the onnx engine runs
+    on the CPU and refuses anything else rather than silently ignoring it. ``threads``: intra-op
+    threads (0: the runtime's default).
+    """
+    if name == "onnx":
+        if device != "cpu":
+            raise EngineError(f"engine 'onnx' runs on the CPU only, not {device!r}; use 'torch'")
+        from synth.engines.onnx_engine import OnnxEngine
+
+        return OnnxEngine(voice, threads)
+    if name == "torch":
+        from synth.engines.torch_engine import TorchEngine
+
+        engine: Engine = TorchEngine(voice, device, threads)
+        return engine
+    raise EngineError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")

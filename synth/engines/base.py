@@ -58,7 +58,9 @@ class Engine(Protocol):
     def warmup(self) -> None:
         """Run silent inputs through every graph and chunk shape used by ``stream``."""
 
-    def stream(self, text: str, should_stop: Callable[[], bool] | None = None) -> Iterator[EngineChunk]:
+    def stream(
+        self, text: str, should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[EngineChunk]:
         """Synthesize already-normalized ``text`` in growing chunks.
 
         ``should_stop`` is polled between chunks; when it returns True the generator ends early

@@ -1,0 +1,426 @@
+"""The default engine: Piper's ONNX graph on onnxruntime, split so the decoder can stream.
+
+A Piper export is one graph: phoneme ids → audio. We cut it into three sessions:
+
+* ``front_a``: ids, lengths, scales (+ sid), duration noise → durations (the ``Ceil`` tensor,
+  frames per id) and everything the flow needs;
+* ``front_b``: those tensors + latent noise → latent z (the input of the decoder's first Conv,
+  ``/Mul_7_output_0`` [1, 192, frames] in joe-medium);
+* ``decoder``: z (+ sid) → audio, run on windows of z by ``synth.engines.streaming``.
+
+The cut at the latent ``RandomNormalLike`` exists so noise comes from a numpy generator (seedable
+per call, identical to what the torch engine draws) instead of onnxruntime's unseeded RNG; the
+duration predictor's ``RandomNormalLike`` becomes a graph input for the same reason. All cut
+points are found by graph structure (op types and dependencies), so other Piper voices
+(x_low/low/medium/high) split the same way; a graph that does not fit raises ``VoiceError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from synth.engines.backend import draw_noise
+from synth.engines.base import FloatArray
+from synth.engines.streaming import StreamConfig, StreamingEngine
+from synth.engines.voice import Scales, Voice, VoiceError, find_conv_pre
+
+
+@dataclass(frozen=True, slots=True)
+class GraphSplit:
+    """The three sub-models of a Piper graph and the tensor names that join them."""
+
+    front_a: Any  # onnx.ModelProto
+    front_b: Any
+    decoder: Any
+    z_name: str  # latent tensor, input of the decoder
+    durations_name: str  # Ceil output: frames per phoneme id
+    latent_noise_name: str  # front_b input replacing the latent RandomNormalLike
+    latent_shape_name: str  # front_a output whose shape the latent noise takes
+    dp_noise_name: str  # front_a input replacing the duration predictor's RandomNormalLike
+    boundary: tuple[str, ...]  # other tensors passed from front_a to front_b
+    dp_noise_channels: int
+    decoder_extra_inputs: tuple[str, ...]  # graph inputs the decoder needs besides z (sid)
+    time_aligned: tuple[str, ...]  # front_b inputs laid out [1, C, frames], like z
+    flow_context: int  # frames of context that make a window of front_b exact; -1: not local
+
+
+# Ops that mix information across the time axis beyond a convolution's reach.
+_TIME_MIXING = frozenset(
+    {"MatMul", "Gemm", "Softmax", "CumSum", "ConvTranspose", "LSTM", "GRU", "RNN", "Resize"}
+    | {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Einsum", "TopK", "NonZero"}
+)
+
+
+def _ancestors(producer: dict[str, Any], targets: Sequence[str], stop: set[str]) -> list[Any]:
+    """Nodes needed to compute ``targets`` when the tensors in ``stop`` are given."""
+    seen_nodes: dict[int, Any] = {}
+    seen: set[str] = set()
+    stack = [t for t in targets if t not in stop]
+    while stack:
+        tensor = stack.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        node = producer.get(tensor)
+        if node is None or id(node) in seen_nodes:
+            continue
+        seen_nodes[id(node)] = node
+        stack.extend(i for i in node.input if i and i not in stop)
+    return list(seen_nodes.values())
+
+
+def _graph_inputs_reached(
+    producer: dict[str, Any], graph_inputs: set[str], targets: Sequence[str], stop: set[str]
+) -> set[str]:
+    reached: set[str] = set()
+    for node in _ancestors(producer, targets, stop):
+        reached.update(i for i in node.input if i in graph_inputs)
+    reached.update(t for t in targets if t in graph_inputs)
+    return reached
+
+
+def split_piper_graph(model: Any) -> GraphSplit:
+    """Cut a Piper VITS ONNX graph into front_a / front_b / decoder (see module docstring)."""
+    import onnx
+    from onnx import TensorProto, helper, shape_inference
+    from onnx.utils import Extractor
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    graph = work.graph
+    output_name = graph.output[0].name
+    graph_inputs = {i.name for i in graph.input}
+    inits = {t.name for t in graph.initializer}
+    ids_input = graph.input[0].name
+
+    z_name = find_conv_pre(work).input[0]
+    producer = {out: node for node in graph.node for out in node.output}
+    front_nodes = _ancestors(producer, [z_name], set())
+    front_ids = {id(n) for n in front_nodes}
+
+    ceils = [n for n in front_nodes if n.op_type == "Ceil"]
+    if len(ceils) != 1:
+        raise VoiceError(f"voice graph: expected one Ceil (durations) before z, found {len(ceils)}")
+    durations_name = ceils[0].output[0]
+
+    randoms = [n for n in graph.node if n.op_type in ("RandomNormalLike", "RandomNormal")]
+    if any(n.op_type == "RandomNormal" for n in randoms) or any(
+        id(n) not in front_ids for n in randoms
+    ):
+        raise VoiceError("voice graph: unexpected random node; cannot split this graph")
+    # Which noise depends on the durations? That one is the latent noise; the other one is the
+    # duration predictor's.
+    after_ceil = {durations_name}
+    for node in graph.node:
+        if any(i in after_ceil for i in node.input):
+            after_ceil.update(node.output)
+    latent_rnd = [n for n in randoms if n.input[0] in after_ceil]
+    dp_rnd = [n for n in randoms if n.input[0] not in after_ceil]
+    if len(latent_rnd) != 1 or len(dp_rnd) != 1:
+        raise VoiceError(
+            f"voice graph: expected one duration and one latent noise node, found "
+            f"{len(dp_rnd)} and {len(latent_rnd)}"
+        )
+    latent, dp = latent_rnd[0], dp_rnd[0]
+
+    # Duration noise: channels from shape inference (2 in VITS; time is the phoneme axis).
+    inferred = shape_inference.infer_shapes(work, data_prop=True)
+    shapes = {v.name: v.type.tensor_type.shape for v in inferred.graph.value_info}
+    dp_shape = shapes.get(dp.input[0])
+    if dp_shape is None or len(dp_shape.dim) != 3 or not dp_shape.dim[1].HasField("dim_value"):
+        raise VoiceError("voice graph: cannot infer the duration noise's channel count")
+    dp_channels = int(dp_shape.dim[1].dim_value)
+
+    # Replace the duration noise node by a graph input of the same tensor name.
+    dp_out = dp.output[0]
+    graph.node.remove(dp)
+    graph.input.append(
+        helper.make_tensor_value_info(dp_out, TensorProto.FLOAT, ["batch", dp_channels, "phonemes"])
+    )
+    # Extractor needs value_info for every tensor it cuts at.
+    graph.value_info.extend(
+        v for v in inferred.graph.value_info if v.name not in {i.name for i in graph.value_info}
+    )
+    producer = {out: node for node in graph.node for out in node.output}
+
+    # front_b: nodes downstream of the latent noise that lead to z; whatever else they read
+    # crosses the cut.
+    latent_out = latent.output[0]
+    downstream = {latent_out}
+    for node in graph.node:
+        if any(i in downstream for i in node.input):
+            downstream.update(node.output)
+    b_nodes = [
+        n for n in _ancestors(producer, [z_name], set()) if any(o in downstream for o in n.output)
+    ]
+    b_produced = {o for n in b_nodes for o in n.output}
+    boundary: list[str] = []
+    for node in b_nodes:
+        for name in node.input:
+            crosses = name and name not in b_produced and name not in inits
+            if crosses and name != latent_out and name not in boundary:
+                boundary.append(name)
+    a_inputs = [i.name for i in graph.input]
+    a_outputs = [durations_name]
+    for name in (latent.input[0], *boundary):
+        if name not in graph_inputs and name not in a_outputs:
+            a_outputs.append(name)
+
+    extractor = Extractor(work)
+    try:
+        front_a = extractor.extract_model(a_inputs, a_outputs)
+        front_b = extractor.extract_model([*boundary, latent_out], [z_name])
+    except Exception as exc:  # Extractor raises KeyError/ValueError on a bad cut
+        raise VoiceError(f"voice graph: cannot extract the front halves: {exc}") from exc
+
+    dec_extra = _graph_inputs_reached(producer, graph_inputs, [output_name], {z_name})
+    if ids_input in dec_extra or "input_lengths" in dec_extra or "scales" in dec_extra:
+        raise VoiceError(
+            f"voice graph: the decoder after {z_name} still depends on {sorted(dec_extra)}"
+        )
+    try:
+        decoder = extractor.extract_model([z_name, *sorted(dec_extra)], [output_name])
+    except Exception as exc:
+        raise VoiceError(f"voice graph: cannot extract the decoder: {exc}") from exc
+
+    # front_b (the flow) is a stack of convolutions along time; if that is all it mixes time
+    # with, a window of z needs only the sum of the convolutions' half-widths as context.
+    frames_dim = shapes.get(z_name)
+    frames_sym = (
+        frames_dim.dim[2].dim_param if frames_dim is not None and len(frames_dim.dim) == 3 else ""
+    )
+    time_aligned: list[str] = []
+    for name in [*boundary, latent_out]:
+        dims = shapes.get(name)
+        aligned = dims is not None and len(dims.dim) == 3 and dims.dim[2].dim_param == frames_sym
+        if frames_sym and aligned:
+            time_aligned.append(name)
+    flow_context = 0
+    for node in front_b.graph.node:
+        if node.op_type in _TIME_MIXING:
+            flow_context = -1
+            break
+        if node.op_type == "Conv":
+            attrs = {a.name: list(a.ints) for a in node.attribute}
+            kernel = attrs.get("kernel_shape", [1])[0]
+            dilation = attrs.get("dilations", [1])[0]
+            flow_context += (kernel - 1) // 2 * dilation + (kernel - 1) % 2
+    if latent_out not in time_aligned or not frames_sym:
+        flow_context = -1
+
+    return GraphSplit(
+        front_a=front_a,
+        front_b=front_b,
+        decoder=decoder,
+        z_name=z_name,
+        durations_name=durations_name,
+        latent_noise_name=latent_out,
+        latent_shape_name=latent.input[0],
+        dp_noise_name=dp_out,
+        boundary=tuple(boundary),
+        dp_noise_channels=dp_channels,
+        decoder_extra_inputs=tuple(sorted(dec_extra)),
+        time_aligned=tuple(time_aligned),
+        flow_context=flow_context,
+    )
+
+
+def make_session_options(threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    # 0 lets onnxruntime pick (one per physical core); the worker usually runs N engines with 1.
+    opts.intra_op_num_threads = max(0, threads)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3  # the split graphs carry unused initializers: not worth warnings
+    return opts
+
+
+class OnnxEncoded:
+    """Durations now, z on demand: the flow (front_b) runs on growing blocks of frames, each
+    with ``context`` frames either side, so the first chunk only waits for the frames it needs.
+    ``context`` -1 computes all of z at the first request."""
+
+    def __init__(
+        self,
+        session: Any,
+        split: GraphSplit,
+        feed: dict[str, Any],
+        durations: npt.NDArray[np.int64],
+        frames: int,
+        context: int,
+    ) -> None:
+        self._session = session
+        self._split = split
+        self._feed = feed
+        self._durations = durations
+        self._frames = frames
+        self._context = context
+        self._z = np.empty((int(feed[split.latent_noise_name].shape[1]), frames), np.float32)
+        self._ready = 0  # z[:, :ready] is computed
+        self.flow_runs: list[tuple[int, int]] = []  # windows run, for tests
+
+    @property
+    def durations(self) -> npt.NDArray[np.int64]:
+        return self._durations
+
+    @property
+    def frames(self) -> int:
+        return self._frames
+
+    def latent(self, start: int, end: int) -> FloatArray:
+        end = min(end, self._frames)
+        if end > self._ready:
+            if self._context < 0 or (self._ready == 0 and end >= self._frames):
+                self._compute(0, self._frames)
+            else:
+                # Grow geometrically so a long sentence takes few flow runs; the first block is
+                # exactly what was asked for (first audio waits for nothing more).
+                target = end if self._ready == 0 else max(end, 2 * self._ready + 64)
+                self._compute(self._ready, min(self._frames, target))
+        return self._z[:, start:end]
+
+    def _compute(self, start: int, end: int) -> None:
+        context = max(self._context, 0) if self._context >= 0 else self._frames
+        lo, hi = max(0, start - context), min(self._frames, end + context)
+        feed = dict(self._feed)
+        if lo > 0 or hi < self._frames:
+            for name in self._split.time_aligned:
+                feed[name] = np.ascontiguousarray(feed[name][:, :, lo:hi])
+        (z,) = self._session.run([self._split.z_name], feed)
+        self._z[:, start:end] = z[0, :, start - lo : end - lo]
+        self._ready = max(self._ready, end)
+        self.flow_runs.append((lo, hi))
+
+
+class OnnxBackend:
+    """Front and decoder sessions of one voice (``Backend`` protocol). Thread-safe: sessions'
+    ``run`` is, and no per-call state lives on the object."""
+
+    def __init__(self, voice: Voice, threads: int = 1, split: GraphSplit | None = None) -> None:
+        import onnxruntime as ort
+
+        self.voice = voice
+        self.split = split if split is not None else split_piper_graph(voice.model)
+        self.sample_rate = voice.sample_rate
+        self.hop_length = voice.hop_length
+        self.latent_channels = voice.arch.latent_channels
+        opts = make_session_options(threads)
+        providers = ["CPUExecutionProvider"]
+
+        def session(model: Any) -> Any:
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
+
+        self._front_a = session(self.split.front_a)
+        self._front_b = session(self.split.front_b)
+        self._decoder = session(self.split.decoder)
+        self._front_a_outputs = [o.name for o in self._front_a.get_outputs()]
+        self._front_a_inputs = {i.name for i in self._front_a.get_inputs()}
+        self._front_b_inputs = [i.name for i in self._front_b.get_inputs()]
+        self._sid = np.array([voice.speaker_id], dtype=np.int64)
+        # Decoder shapes seen, for tests and warm-up checks (set.add is atomic under the GIL).
+        self.decoder_shapes: set[tuple[int, ...]] = set()
+        # Windowed flow only where the graph is purely convolutional in time (checked above)
+        # and a numerical self-check agrees; else z is computed whole.
+        self.windowed_flow = self.split.flow_context >= 0 and self._flow_self_check()
+
+    def _front_feed(
+        self, phoneme_ids: Sequence[int], scales: Scales, dp_noise: FloatArray
+    ) -> dict[str, Any]:
+        ids = np.asarray(phoneme_ids, dtype=np.int64)[None, :]
+        feed: dict[str, Any] = {
+            "input": ids,
+            "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+            "scales": scales.as_array(),
+            self.split.dp_noise_name: dp_noise,
+        }
+        if "sid" in self._front_a_inputs:
+            feed["sid"] = self._sid
+        return feed
+
+    def encode(
+        self, phoneme_ids: Sequence[int], scales: Scales, rng: np.random.Generator
+    ) -> OnnxEncoded:
+        split = self.split
+        n = len(phoneme_ids)
+        dp_noise = draw_noise(rng, (split.dp_noise_channels, n))[None]
+        feed = self._front_feed(phoneme_ids, scales, dp_noise)
+        feed = {k: v for k, v in feed.items() if k in self._front_a_inputs}
+        results = dict(zip(self._front_a_outputs, self._front_a.run(None, feed), strict=True))
+        durations = np.asarray(results[split.durations_name]).reshape(-1).astype(np.int64)
+        latent_shape = tuple(np.shape(results[split.latent_shape_name]))
+        if len(latent_shape) != 3 or latent_shape[1] != self.latent_channels:
+            raise VoiceError(f"voice graph: latent noise shape {latent_shape} is not [1, C, T]")
+        frames = int(latent_shape[2])
+        feed_b: dict[str, Any] = {}
+        for name in self._front_b_inputs:
+            if name == split.latent_noise_name:
+                feed_b[name] = draw_noise(rng, (self.latent_channels, frames))[None]
+            elif name in results:
+                feed_b[name] = results[name]
+            else:
+                feed_b[name] = feed[name]
+        context = split.flow_context if self.windowed_flow else -1
+        return OnnxEncoded(self._front_b, split, feed_b, durations, frames, context)
+
+    def _flow_self_check(self) -> bool:
+        """Windowed z must equal whole z on a real sentence (a guard for unusual graphs)."""
+        phonemes = list("ðɪs ɪz ɐ tˈɛst ʌv ðə flˈoʊ wˈɪndoʊz, ænd ðɛɹ kˈɑːntɛkst.")
+        ids, _ = self.voice.phonemes_to_ids(phonemes)
+        self.windowed_flow = True
+        lazy = self.encode(ids, self.voice.scales, np.random.default_rng(1))
+        self.windowed_flow = False
+        whole = self.encode(ids, self.voice.scales, np.random.default_rng(1))
+        frames = lazy.frames
+        step = max(1, frames // 5)
+        windowed = np.concatenate(
+            [lazy.latent(a, min(frames, a + step)) for a in range(0, frames, step)], axis=1
+        )
+        return bool(np.max(np.abs(windowed - whole.latent(0, frames))) < 1e-4)
+
+    def decode(self, z: FloatArray) -> FloatArray:
+        feed: dict[str, Any] = {self.split.z_name: np.ascontiguousarray(z[None], dtype=np.float32)}
+        if "sid" in self.split.decoder_extra_inputs:
+            feed["sid"] = self._sid
+        self.decoder_shapes.add(tuple(z.shape))
+        (audio,) = self._decoder.run(None, feed)
+        return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+    def full_model_session(self) -> Any:
+        """A session on the unsplit graph (for tests comparing halves with the whole)."""
+        import onnxruntime as ort
+
+        return ort.InferenceSession(
+            self.voice.model.SerializeToString(),
+            make_session_options(1),
+            providers=["CPUExecutionProvider"],
+        )
+
+
+class OnnxEngine(StreamingEngine):
+    """Piper on onnxruntime with a streaming decoder. ``threads``: intra-op threads per session
+    (0 = onnxruntime default). ``scales``: override the voice's inference scales (e.g.
+    ``voice.DETERMINISTIC``). ``seed``: make every call reproducible."""
+
+    name = "onnx"
+
+    def __init__(
+        self,
+        voice: str = "",
+        threads: int = 1,
+        *,
+        scales: Scales | None = None,
+        seed: int | None = None,
+        config: StreamConfig | None = None,
+    ) -> None:
+        loaded = Voice.load(voice)
+        super().__init__(
+            OnnxBackend(loaded, threads), loaded, scales=scales, seed=seed, config=config
+        )
+        self.voice = voice or loaded.name

@@ -42,7 +42,9 @@ class BusConfig:
 
     def validate(self) -> None:
         _choice("bus.kind", self.kind, ("memory", "redis"))
-        if self.kind == "redis" and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if self.kind == "redis" and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
             raise ConfigError(f"bus.redis_url: not a redis URL: {self.redis_url!r}")
         _positive("bus.audio_maxlen", self.audio_maxlen)
         _positive("bus.cancel_ttl_s", self.cancel_ttl_s)
@@ -71,7 +73,9 @@ class SynthConfig:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"synth.device: expected 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.engine == "onnx" and self.device != "cpu":
-            raise ConfigError("synth.device: the onnx engine runs on 'cpu'; use engine 'torch' for cuda")
+            raise ConfigError(
+                "synth.device: the onnx engine runs on 'cpu'; use engine 'torch' for cuda"
+            )
         if self.voice and not Path(self.voice).is_file():
             raise ConfigError(f"synth.voice: no such voice file: {self.voice!r}")
         _positive("synth.concurrency", self.concurrency)
@@ -202,15 +206,25 @@ def all_keys() -> list[tuple[str, type, object]]:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config`` and one ``--section-key`` flag per config key (plus the aliases)."""
     group = parser.add_argument_group("configuration (override voxgate.toml and VOXGATE_* env)")
-    group.add_argument("--config", metavar="FILE", help="config file (default: ./voxgate.toml if present)")
+    group.add_argument(
+        "--config", metavar="FILE", help="config file (default: ./voxgate.toml if present)"
+    )
     for key, typ, default in all_keys():
         flag = "--" + key.replace(".", "-").replace("_", "-")
         group.add_argument(
-            flag, dest="cfg:" + key, metavar=typ.__name__.upper(), default=None,
+            flag,
+            dest="cfg:" + key,
+            metavar=typ.__name__.upper(),
+            default=None,
             help=f"{key} (default {default!r})",
         )
     for alias, key in ALIASES.items():
-        group.add_argument("--" + alias, dest="cfg:" + key, default=None, help=f"same as --{key.replace('.', '-').replace('_', '-')}")
+        group.add_argument(
+            "--" + alias,
+            dest="cfg:" + key,
+            default=None,
+            help=f"same as --{key.replace('.', '-').replace('_', '-')}",
+        )
 
 
 def load(
@@ -240,7 +254,7 @@ def load(
     for var, value in env.items():
         if not var.startswith(ENV_PREFIX) or var in ("VOXGATE_CONFIG",):
             continue
-        rest = var[len(ENV_PREFIX):].lower()
+        rest = var[len(ENV_PREFIX) :].lower()
         section_name, _, name = rest.partition("_")
         key = f"{section_name}.{name}"
         if key not in known:

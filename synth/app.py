@@ -1,0 +1,77 @@
+"""Process-level assembly: build the engine and bus from a Config, run a worker or the embedded
+gateway+worker, and stop cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from gateway.config import Config
+from synth.bus import make_bus
+from synth.bus.base import Bus
+from synth.engines import load_engine
+from synth.engines.base import Engine
+from synth.worker import Worker
+
+log = logging.getLogger("voxgate")
+
+
+def build_engine(cfg: Config) -> Engine:
+    return load_engine(cfg.synth.engine, cfg.synth.voice, cfg.synth.device, cfg.synth.threads)
+
+
+def build_bus(cfg: Config) -> Bus:
+    b = cfg.bus
+    return make_bus(b.kind, b.redis_url, b.prefix, b.audio_maxlen, b.cancel_ttl_s)
+
+
+def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Worker:
+    s, w = cfg.synth, cfg.worker
+    return Worker(
+        bus,
+        engine,
+        name=w.name,
+        concurrency=s.concurrency,
+        max_text_chars=s.max_text_chars,
+        eq_gain_db=s.eq_gain_db,
+        wideband_rate=s.wideband_rate,
+        claim_idle_ms=w.claim_idle_ms,
+        default_deadline_s=w.default_deadline_s,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def run_worker(cfg: Config) -> int:
+    """Run one worker on the configured bus until SIGINT/SIGTERM.
+
+    ``voxgate worker`` uses it against a shared Redis; ``voxgate serve`` with the in-memory bus
+    (the SIP/WebRTC gateway joins that process in the gateway issue).
+    """
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    bus = build_bus(cfg)
+    await bus.start()
+    try:
+        engine = await asyncio.to_thread(build_engine, cfg)
+        await build_worker(cfg, bus, engine).run(stop)
+    finally:
+        await bus.close()
+    return 0
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` on uvloop (the event loop of every voxgate process)."""
+    import uvloop
+
+    return uvloop.run(main)

@@ -1,0 +1,241 @@
+"""``voxgate bench synth``: time-to-first-audio and throughput of the synthesis worker.
+
+Runs the real worker over the in-memory bus (so the figures are the worker's own, not Redis
+round trips) on a fixed set of phone-agent prompts, in one run:
+- TTFA (request read → first chunk published) p50/p95/p99, streaming vs a whole-piece baseline
+  (each chunker piece synthesized in one engine call, then the same DSP), and their ratio;
+- RTF (engine + DSP wall time / audio seconds) for the streaming path;
+- TTFA p95 with 1, 2, 4 and 8 utterances submitted at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from synth.bus.memory import MemoryBus
+from synth.bus.schema import SpeakRequest
+from synth.engines.base import Engine
+from synth.worker import UtteranceStats, Worker
+
+PROMPTS = [
+    "Thank you for calling Acme Bank. How can I help you today?",
+    "Your current balance is $1,234.56, and your next payment is due on 03/15/2026.",
+    "Please say or enter your account number, followed by the pound key.",
+    "I'm sorry, I didn't catch that. Could you repeat it, please?",
+    "Your appointment with Dr. Smith is confirmed for Tuesday at 3:45 PM.",
+    "To hear these options again, press 9. To speak with an agent, press 0.",
+    "Your confirmation code is 4 8 2 7 1. Again, that's 48271.",
+    "Great, I've updated your address. Is there anything else I can help you with?",
+]
+
+TARGETS = {"ttfa_p95_1_ms": 120.0, "ttfa_p95_4_ms": 250.0, "ratio_max": 0.5, "rtf_max": 0.05}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {
+            "n": 0,
+            "p50": float("nan"),
+            "p95": float("nan"),
+            "p99": float("nan"),
+            "mean": float("nan"),
+        }
+    s = sorted(values)
+
+    def pct(q: float) -> float:
+        # Nearest-rank percentile: an observed value, no interpolation across outliers.
+        k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
+        return s[k]
+
+    return {
+        "n": len(s),
+        "p50": pct(50),
+        "p95": pct(95),
+        "p99": pct(99),
+        "mean": statistics.fmean(s),
+    }
+
+
+@dataclass
+class _Collector:
+    stats: list[UtteranceStats] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __call__(self, s: UtteranceStats) -> None:
+        self.stats.append(s)
+        self.changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.stats) < n:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), max(0.01, deadline - time.monotonic()))
+
+
+async def _run_rounds(
+    engine: Engine, *, whole: bool, rounds: list[list[str]], profile: str
+) -> list[UtteranceStats]:
+    bus = MemoryBus()
+    await bus.start()
+    collect = _Collector()
+    worker = Worker(
+        bus,
+        engine,
+        name="bench",
+        concurrency=max(len(r) for r in rounds),
+        whole=whole,
+        on_stats=collect,
+    )
+    stop = asyncio.Event()
+    # The engine was warmed once before all rounds; every round's worker starts warm.
+    task = asyncio.create_task(worker.run(stop, warm=False))
+    await asyncio.sleep(0)
+    done = 0
+    try:
+        for texts in rounds:
+            for text in texts:
+                await bus.submit(
+                    SpeakRequest(
+                        call_id=f"bench-{uuid.uuid4().hex[:8]}",
+                        utterance_id=uuid.uuid4().hex,
+                        text=text,
+                        profile=profile,  # type: ignore[arg-type]
+                    )
+                )
+            done += len(texts)
+            await collect.wait_for(done)
+    finally:
+        stop.set()
+        await task
+        await bus.close()
+    return collect.stats
+
+
+def _ttfa_ms(stats: list[UtteranceStats]) -> list[float]:
+    return [(s.first_audio_at - s.read_at) * 1000 for s in stats if s.first_audio_at is not None]
+
+
+async def bench_synth(
+    engine: Engine,
+    *,
+    repeats: int = 3,
+    levels: tuple[int, ...] = (1, 2, 4, 8),
+    profile: str = "narrowband",
+) -> dict[str, Any]:
+    t_warm = time.perf_counter()
+    await asyncio.to_thread(engine.warmup)
+    warm_s = time.perf_counter() - t_warm
+    # Interleave baseline and streaming runs so machine noise hits both alike.
+    stream_stats: list[UtteranceStats] = []
+    base_stats: list[UtteranceStats] = []
+    for _ in range(repeats):
+        stream_stats += await _run_rounds(
+            engine, whole=False, rounds=[[p] for p in PROMPTS], profile=profile
+        )
+        base_stats += await _run_rounds(
+            engine, whole=True, rounds=[[p] for p in PROMPTS], profile=profile
+        )
+    stream = percentiles(_ttfa_ms(stream_stats))
+    base = percentiles(_ttfa_ms(base_stats))
+    audio_s = sum(s.audio_s for s in stream_stats)
+    compute_s = sum(s.compute_s for s in stream_stats)
+    conc: dict[str, dict[str, float]] = {}
+    for n in levels:
+        rounds = [
+            [PROMPTS[(r * n + i) % len(PROMPTS)] for i in range(n)]
+            for r in range(max(repeats * 2, 24 // n))
+        ]
+        conc[str(n)] = percentiles(
+            _ttfa_ms(await _run_rounds(engine, whole=False, rounds=rounds, profile=profile))
+        )
+    ratio = stream["p50"] / base["p50"] if base["p50"] else float("nan")
+    result: dict[str, Any] = {
+        "conditions": conditions(engine, profile, warm_s),
+        "ttfa_streaming_ms": stream,
+        "ttfa_baseline_ms": base,
+        "ratio_p50": ratio,
+        "ratio_p95": stream["p95"] / base["p95"] if base["p95"] else float("nan"),
+        "rtf": compute_s / audio_s if audio_s else float("nan"),
+        "audio_s": audio_s,
+        "ttfa_concurrent_ms": conc,
+        "targets": TARGETS,
+    }
+    result["pass"] = {
+        "ttfa_p95_1": conc.get("1", stream)["p95"] <= TARGETS["ttfa_p95_1_ms"],
+        "ttfa_p95_4": conc["4"]["p95"] <= TARGETS["ttfa_p95_4_ms"] if "4" in conc else None,
+        "ratio": ratio <= TARGETS["ratio_max"],
+        "rtf": result["rtf"] <= TARGETS["rtf_max"],
+    }
+    return result
+
+
+def conditions(engine: Engine, profile: str, warm_s: float) -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {
+        "engine": engine.name,
+        "voice": engine.voice,
+        "engine_rate": engine.sample_rate,
+        "profile": profile,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "loadavg_1m_at_start": load1,
+        "python": platform.python_version(),
+        "warmup_s": round(warm_s, 3),
+        "bus": "memory (in-process)",
+        "prompts": len(PROMPTS),
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    c = r["conditions"]
+    lines = [
+        f"voxgate bench synth — engine={c['engine']} voice={c['voice']} profile={c['profile']}",
+        f"  conditions: {c['cpu']}, {c['cores']} cores, load {c['loadavg_1m_at_start']:.2f}, "
+        f"python {c['python']}, warm-up {c['warmup_s']} s, bus {c['bus']}, {c['prompts']} prompts",
+        "",
+        f"  {'TTFA (ms)':<28}{'n':>5}{'p50':>9}{'p95':>9}{'p99':>9}",
+    ]
+
+    def row(name: str, p: dict[str, float]) -> str:
+        return f"  {name:<28}{p['n']:>5}{p['p50']:>9.1f}{p['p95']:>9.1f}{p['p99']:>9.1f}"
+
+    lines.append(row("streaming", r["ttfa_streaming_ms"]))
+    lines.append(row("whole-piece baseline", r["ttfa_baseline_ms"]))
+    for n, p in r["ttfa_concurrent_ms"].items():
+        lines.append(row(f"streaming, {n} concurrent", p))
+    t = r["targets"]
+    ok = r["pass"]
+
+    def mark(v: bool | None) -> str:
+        return "n/a" if v is None else ("ok" if v else "MISSED")
+
+    lines += [
+        "",
+        f"  streaming/baseline TTFA ratio: p50 {r['ratio_p50']:.2f}  p95 {r['ratio_p95']:.2f}"
+        f"   (target <= {t['ratio_max']}: {mark(ok['ratio'])})",
+        f"  RTF (engine+DSP wall / audio): {r['rtf']:.4f} over {r['audio_s']:.1f} s of audio"
+        f"   (target <= {t['rtf_max']}: {mark(ok['rtf'])})",
+        f"  TTFA p95 at 1: target <= {t['ttfa_p95_1_ms']:.0f} ms: {mark(ok['ttfa_p95_1'])};"
+        f"  at 4: target <= {t['ttfa_p95_4_ms']:.0f} ms: {mark(ok['ttfa_p95_4'])}",
+    ]
+    return "\n".join(lines)
+
+
+def main_json(r: dict[str, Any]) -> str:
+    return json.dumps(r, indent=2, default=float)

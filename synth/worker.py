@@ -1,0 +1,370 @@
+"""The synthesis worker: consume speak requests from the bus, stream audio back per call.
+
+One asyncio task per utterance in flight (up to ``concurrency``); each steps its ``Renderer`` one
+chunk at a time on a priority thread pool, so active utterances take turns and first chunks go
+first. Between chunks the task checks the utterance's cancel marker, so synthesis stops within
+one chunk of a barge-in. Every failure is answered on the call's stream as an ``UtteranceError``
+and the request acknowledged: a bad request never crashes the worker or touches another call.
+Requests left unacknowledged by a dead worker are claimed after ``claim_idle_ms`` (XAUTOCLAIM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from synth.bus.base import Bus, BusError, Delivery
+from synth.bus.schema import (
+    ERR_BAD_REQUEST,
+    ERR_DEADLINE,
+    ERR_ENGINE,
+    ERR_UNKNOWN_VOICE,
+    AudioChunk,
+    SpeakRequest,
+    UtteranceEnd,
+    UtteranceError,
+)
+from synth.engines.base import Engine
+from synth.render import Renderer, RenderError, prepare_text
+from synth.scheduler import PriorityExecutor
+
+log = logging.getLogger("voxgate.worker")
+
+# A request delivered this many times without an ack is poison (it keeps killing workers).
+MAX_DELIVERIES = 3
+HEARTBEAT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class UtteranceStats:
+    """What one utterance cost; the benchmark and metrics read these."""
+
+    call_id: str
+    utterance_id: str
+    outcome: str  # done | cancelled | error:<code>
+    read_at: float  # perf_counter when the request was read from the bus
+    first_audio_at: float | None  # perf_counter when the first chunk was published
+    end_at: float
+    audio_s: float  # seconds of output audio published
+    compute_s: float  # wall seconds spent in engine + DSP steps
+    chunks: int
+
+
+@dataclass(slots=True)
+class _Progress:
+    first_at: float | None = None
+    compute_s: float = 0.0
+    chunks: int = 0
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def stream_id_ms(entry_id: str) -> int | None:
+    """Milliseconds part of a stream entry id (``<ms>-<seq>``): when it was submitted."""
+    head, _, _ = entry_id.partition("-")
+    return int(head) if head.isdigit() else None
+
+
+class Worker:
+    def __init__(
+        self,
+        bus: Bus,
+        engine: Engine,
+        *,
+        name: str = "",
+        concurrency: int = 4,
+        max_text_chars: int = 5000,
+        eq_gain_db: float = 2.0,
+        wideband_rate: int = 48000,
+        claim_idle_ms: int = 10000,
+        default_deadline_s: float = 30.0,
+        whole: bool = False,
+        on_stats: Callable[[UtteranceStats], None] | None = None,
+    ) -> None:
+        self.bus = bus
+        self.engine = engine
+        self.name = name or default_worker_name()
+        self.concurrency = concurrency
+        self.max_text_chars = max_text_chars
+        self.eq_gain_db = eq_gain_db
+        self.wideband_rate = wideband_rate
+        self.claim_idle_ms = claim_idle_ms
+        self.default_deadline_s = default_deadline_s
+        self.whole = whole
+        self.on_stats = on_stats
+        # More pool threads than cores only adds contention; utterances beyond that interleave.
+        self._executor = PriorityExecutor(max(1, min(concurrency, os.cpu_count() or 1)))
+        self._active: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self.ready = False
+        self.voice_names = {"", getattr(engine, "voice", "")}
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def warmup(self) -> float:
+        """Warm every graph and chunk shape (engine and DSP) before announcing readiness."""
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self._warm_sync)
+        return time.perf_counter() - t0
+
+    def _warm_sync(self) -> None:
+        self.engine.warmup()
+        # Run the whole render path once too, so first-call costs in DSP/normalizer are paid.
+        for profile in ("narrowband", "wideband"):
+            r = Renderer(
+                self.engine,
+                ["Hello."],
+                profile,
+                eq_gain_db=self.eq_gain_db,  # type: ignore[arg-type]
+                wideband_rate=self.wideband_rate,
+            )
+            while r.step() is not None:
+                pass
+
+    async def run(self, stop: asyncio.Event, *, warm: bool = True) -> None:
+        """Serve until ``stop`` is set; then finish in-flight utterances and retire.
+
+        ``warm=False`` skips warm-up for an engine the caller already warmed (benchmarks).
+        """
+        if warm:
+            await self.warmup()
+        self.ready = True
+        beat = asyncio.create_task(self._heartbeat_loop(stop))
+        claim = asyncio.create_task(self._claim_loop(stop))
+        log.info(
+            "worker %s ready (engine=%s, voice=%s, concurrency=%d)",
+            self.name,
+            self.engine.name,
+            self.engine.voice,
+            self.concurrency,
+        )
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(self._active)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slot_freed.wait(), 0.5)
+                    continue
+                try:
+                    deliveries = await self.bus.read_requests(self.name, free, 200)
+                except BusError as exc:
+                    log.warning("bus read failed: %s; retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                for d in deliveries:
+                    self._spawn(d)
+        finally:
+            self.ready = False
+            for t in (beat, claim):
+                t.cancel()
+            with contextlib.suppress(BusError):
+                await self.bus.retire(self.name)
+            if self._active:
+                await asyncio.gather(*self._active, return_exceptions=True)
+            self._executor.shutdown(wait=False)
+
+    def _spawn(self, delivery: Delivery) -> None:
+        task = asyncio.create_task(self._handle(delivery))
+        self._active.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._active.discard(task)
+        self._slot_freed.set()
+
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            info: dict[str, object] = {
+                "name": self.name,
+                "engine": self.engine.name,
+                "voice": self.engine.voice,
+                "concurrency": self.concurrency,
+                "active": len(self._active),
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+            }
+            with contextlib.suppress(BusError):
+                await self.bus.heartbeat(self.name, info, ttl_s=3 * HEARTBEAT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+
+    async def _claim_loop(self, stop: asyncio.Event) -> None:
+        period = max(0.05, self.claim_idle_ms / 2000)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+            if stop.is_set():
+                return
+            free = self.concurrency - len(self._active)
+            if free <= 0:
+                continue
+            try:
+                claimed = await self.bus.claim_stale(self.name, self.claim_idle_ms, free)
+            except BusError as exc:
+                log.warning("claim failed: %s", exc)
+                continue
+            for d in claimed:
+                log.info(
+                    "claimed request %s (delivery %d) from a silent worker", d.id, d.deliveries
+                )
+                self._spawn(d)
+
+    # --- one utterance ------------------------------------------------------------------
+    async def _handle(self, d: Delivery) -> None:
+        read_at = time.perf_counter()
+        req = d.request
+        try:
+            if req is None:
+                if d.call_id:
+                    await self._error(
+                        d.call_id,
+                        d.utterance_id or "-",
+                        0,
+                        ERR_BAD_REQUEST,
+                        f"malformed request: {d.error}",
+                        "",
+                    )
+                log.warning("malformed request %s: %s", d.id, d.error)
+                return
+            if d.deliveries > MAX_DELIVERIES:
+                await self._error(
+                    req.call_id,
+                    req.utterance_id,
+                    0,
+                    ERR_ENGINE,
+                    f"request failed on {d.deliveries - 1} workers; giving up",
+                    req.trace_id,
+                )
+                return
+            await self._speak(d, req, read_at)
+        except BusError as exc:
+            # Leave it unacked: another worker claims it once the bus is back.
+            log.error("bus error while serving %s: %s", d.id, exc)
+            return
+        except Exception as exc:
+            log.exception("unexpected failure serving %s", d.id)
+            if req is not None:
+                with contextlib.suppress(BusError):
+                    await self._error(
+                        req.call_id,
+                        req.utterance_id,
+                        0,
+                        ERR_ENGINE,
+                        f"{type(exc).__name__}: {exc}",
+                        req.trace_id,
+                    )
+        with contextlib.suppress(BusError):
+            await self.bus.ack(d.id)
+
+    async def _error(
+        self, call: str, utt: str, seq: int, code: str, message: str, trace: str
+    ) -> None:
+        await self.bus.publish(UtteranceError(call, utt, seq, code, message, trace))
+
+    def _expired(self, d: Delivery, req: SpeakRequest) -> bool:
+        now = time.time()
+        if req.deadline:
+            return now > req.deadline
+        submitted = stream_id_ms(d.id)
+        return submitted is not None and now - submitted / 1000 > self.default_deadline_s
+
+    async def _speak(self, d: Delivery, req: SpeakRequest, read_at: float) -> None:
+        call, utt, trace = req.call_id, req.utterance_id, req.trace_id
+        progress = _Progress()
+
+        def report(outcome: str, samples: int, rate: int) -> None:
+            if self.on_stats is not None:
+                self.on_stats(
+                    UtteranceStats(
+                        call,
+                        utt,
+                        outcome,
+                        read_at,
+                        progress.first_at,
+                        time.perf_counter(),
+                        samples / rate if rate else 0.0,
+                        progress.compute_s,
+                        progress.chunks,
+                    )
+                )
+
+        if self._expired(d, req):
+            await self._error(
+                call, utt, 0, ERR_DEADLINE, "request expired before synthesis began", trace
+            )
+            report(f"error:{ERR_DEADLINE}", 0, 0)
+            return
+        if req.voice not in self.voice_names:
+            await self._error(
+                call,
+                utt,
+                0,
+                ERR_UNKNOWN_VOICE,
+                f"unknown voice {req.voice!r}; this worker serves {self.engine.voice!r}",
+                trace,
+            )
+            report(f"error:{ERR_UNKNOWN_VOICE}", 0, 0)
+            return
+        try:
+            pieces = prepare_text(req.text, raw=req.raw, max_chars=self.max_text_chars)
+        except RenderError as exc:
+            await self._error(call, utt, 0, exc.code, str(exc), trace)
+            report(f"error:{exc.code}", 0, 0)
+            return
+        renderer = Renderer(
+            self.engine,
+            pieces,
+            req.profile,
+            eq_gain_db=self.eq_gain_db,
+            wideband_rate=self.wideband_rate,
+            whole=self.whole,
+        )
+        seq = 0
+        while True:
+            if await self.bus.is_cancelled(utt):
+                renderer.stop_requested = True
+                await self.bus.publish(
+                    UtteranceEnd(call, utt, seq, "cancelled", renderer.samples, trace)
+                )
+                report("cancelled", renderer.samples, renderer.rate)
+                return
+            # First chunks jump the queue; later ones take turns in arrival order.
+            try:
+                out = await self._executor.submit(0 if seq == 0 else 1, renderer.step)
+            except Exception as exc:
+                log.exception("engine failed on utterance %s", utt)
+                await self._error(call, utt, seq, ERR_ENGINE, f"{type(exc).__name__}: {exc}", trace)
+                report(f"error:{ERR_ENGINE}", renderer.samples, renderer.rate)
+                return
+            if out is None:
+                break
+            progress.compute_s += out.compute_s
+            if out.data or out.words:
+                await self.bus.publish(
+                    AudioChunk(
+                        call,
+                        utt,
+                        seq,
+                        renderer.rate,
+                        out.data,
+                        out.offset,
+                        out.words,
+                        trace,
+                    )
+                )
+                if seq == 0:
+                    progress.first_at = time.perf_counter()
+                seq += 1
+                progress.chunks = seq
+            if out.final:
+                break
+        await self.bus.publish(UtteranceEnd(call, utt, seq, "done", renderer.samples, trace))
+        report("done", renderer.samples, renderer.rate)

@@ -1,0 +1,91 @@
+"""Config: file < env < flags, every key overridable, clear one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gateway import cli
+from gateway.config import ConfigError, add_config_arguments, all_keys, load, load_from_args
+
+SAMPLE = Path(__file__).resolve().parents[2] / "voxgate.toml.sample"
+
+
+def test_sample_file_parses_to_the_defaults() -> None:
+    # The sample documents every key with its default value.
+    assert load(SAMPLE, env={}) == load(None, env={})
+    text = SAMPLE.read_text()
+    for key, _, _ in all_keys():
+        assert f"\n{key.split('.')[1]} = " in text, f"{key} missing from the sample"
+
+
+def test_precedence_file_env_flag(tmp_path: Path) -> None:
+    f = tmp_path / "v.toml"
+    f.write_text('[synth]\nconcurrency = 3\nthreads = 2\n[log]\nlevel = "debug"\n')
+    cfg = load(f, env={"VOXGATE_SYNTH_THREADS": "5"}, overrides={"log.level": "error"})
+    assert (cfg.synth.concurrency, cfg.synth.threads, cfg.log.level) == (3, 5, "error")
+
+
+def test_every_key_has_a_flag_and_an_env_var() -> None:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    for key, _typ, default in all_keys():
+        flag = "--" + key.replace(".", "-").replace("_", "-")
+        value = str(default)
+        args = parser.parse_args([flag, value])
+        assert getattr(args, "cfg:" + key) == value
+        env = {"VOXGATE_" + key.replace(".", "_").upper(): value}
+        if key == "synth.voice":
+            continue  # an empty path is the default; a file must exist otherwise
+        assert load(None, env=env) is not None
+
+
+def test_aliases_map_onto_keys() -> None:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args(["--redis", "redis://example:6380/1", "--concurrency", "7"])
+    cfg = load_from_args(args, env={})
+    assert cfg.bus.redis_url == "redis://example:6380/1"
+    assert cfg.synth.concurrency == 7
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "key"),
+    [
+        ('[synth]\nengine = "espeak"\n', {}, "synth.engine"),
+        ('[synth]\nconcurrency = "four"\n', {}, "synth.concurrency"),
+        ("[synth]\nconcurrency = 0\n", {}, "synth.concurrency"),
+        ("[synth]\nnope = 1\n", {}, "synth.nope"),
+        ("[bogus]\nx = 1\n", {}, "bogus.x"),
+        ("", {"VOXGATE_SYNTH_CONCURRENCY": "x"}, "synth.concurrency"),
+        ("", {"VOXGATE_SYNTH_ENGIN": "onnx"}, "VOXGATE_SYNTH_ENGIN"),
+        ('[synth]\nvoice = "/no/such/voice.onnx"\n', {}, "synth.voice"),
+        ('[synth]\ndevice = "cuda"\n', {}, "synth.device"),  # onnx engine is CPU only
+        ('[bus]\nkind = "redis"\nredis_url = "http://x"\n', {}, "bus.redis_url"),
+        ("[synth\n", {}, "invalid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, toml: str, env: dict[str, str], key: str) -> None:
+    f = tmp_path / "v.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load(f, env=env)
+    assert key in str(info.value)
+
+
+def test_cli_prints_one_line_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "v.toml"
+    f.write_text('[synth]\nengine = "espeak"\n')
+    rc = cli.main(["synth", "hello", "-o", str(tmp_path / "o.wav"), "--config", str(f)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and "synth.engine" in err[0]
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load(tmp_path / "absent.toml", env={})

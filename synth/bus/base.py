@@ -6,7 +6,8 @@ against both. Message types and their wire form live in ``synth.bus.schema``.
 
 Redis layout (``{p}`` is the configured prefix, schema version in ``schema.VERSION``):
 - ``{p}:synth:req``            stream, consumer group ``synth``: SpeakRequest entries.
-- ``{p}:synth:audio:{call}``   stream per call, capped: AudioChunk, then UtteranceEnd/UtteranceError.
+- ``{p}:synth:audio:{call}``   stream per call, capped (and expiring): AudioChunk, then
+                               UtteranceEnd/UtteranceError.
 - ``{p}:synth:cancel:{utt}``   key with a TTL; workers check it between chunks. A key, not a stream
                                message, because any worker of the group could pick up a message.
 - ``{p}:synth:worker:{name}``  key with a TTL: a ready worker's heartbeat (JSON info).
@@ -88,7 +89,14 @@ class Bus(abc.ABC):
 
     # --- worker side --------------------------------------------------------------------
     @abc.abstractmethod
-    async def read_requests(self, consumer: str, count: int, block_ms: int) -> list[Delivery]: ...
+    async def read_requests(self, consumer: str, count: int, block_ms: int) -> list[Delivery]:
+        """Up to ``count`` new requests for ``consumer`` (XREADGROUP ``>``), pending until acked.
+
+        Waits up to ``block_ms`` for the first one; ``block_ms <= 0`` returns at once (unlike
+        Redis ``BLOCK 0``, never waits forever). May return ``[]`` before ``block_ms`` has
+        passed (RedisBus caps one wait at 4 s). ``Delivery.id`` is a Redis-style ``<ms>-<seq>``
+        id whose ms is the wall-clock time of the submit, on either bus.
+        """
 
     @abc.abstractmethod
     async def claim_stale(self, consumer: str, min_idle_ms: int, count: int) -> list[Delivery]:

@@ -8,6 +8,7 @@ profile's rate: 8000 Hz narrowband (the gateway G.711-encodes it), 48000/16000 H
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,7 +27,8 @@ ERR_BAD_REQUEST = "bad_request"
 ERR_DEADLINE = "deadline_exceeded"
 ERR_ENGINE = "engine_error"
 
-Fields = Mapping[bytes, bytes] | Mapping[str, str] | Mapping[str, bytes] | Mapping[bytes, str]
+# Mapping is covariant in its value type, so Mapping[str, str] etc. are all accepted.
+Fields = Mapping[bytes, bytes | str] | Mapping[str, bytes | str]
 
 
 class SchemaError(ValueError):
@@ -67,9 +69,12 @@ def _float(f: dict[str, bytes], key: str, default: float) -> float:
         return default
     raw = _text(f, key)
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise SchemaError(f"field {key!r} is not a number: {raw!r}") from None
+    if not math.isfinite(value):  # "nan"/"inf" parse as floats but are no deadline
+        raise SchemaError(f"field {key!r} is not a finite number: {raw!r}")
+    return value
 
 
 def _check_version(f: dict[str, bytes]) -> None:
@@ -96,26 +101,42 @@ class SpeakRequest:
         if not self.utterance_id:
             raise SchemaError("utterance_id must not be empty")
         if self.profile not in PROFILES:
-            raise SchemaError(f"unknown profile {self.profile!r} (expected {' or '.join(PROFILES)})")
+            raise SchemaError(
+                f"unknown profile {self.profile!r} (expected {' or '.join(PROFILES)})"
+            )
 
     def to_fields(self) -> dict[str, str]:
         return {
-            "v": str(VERSION), "type": "speak", "call": self.call_id, "utt": self.utterance_id,
-            "text": self.text, "voice": self.voice, "profile": self.profile,
-            "deadline": repr(self.deadline), "trace": self.trace_id, "raw": "1" if self.raw else "0",
+            "v": str(VERSION),
+            "type": "speak",
+            "call": self.call_id,
+            "utt": self.utterance_id,
+            "text": self.text,
+            "voice": self.voice,
+            "profile": self.profile,
+            "deadline": repr(self.deadline),
+            "trace": self.trace_id,
+            "raw": "1" if self.raw else "0",
         }
 
     @classmethod
     def from_fields(cls, fields: Fields) -> SpeakRequest:
         f = _decode(fields)
         _check_version(f)
+        kind = _text(f, "type", required=False, default="speak")
+        if kind != "speak":
+            raise SchemaError(f"not a speak request: type {kind!r}")
         profile = _text(f, "profile", required=False, default="narrowband")
         if profile not in PROFILES:
             raise SchemaError(f"unknown profile {profile!r} (expected {' or '.join(PROFILES)})")
         return cls(
-            call_id=_text(f, "call"), utterance_id=_text(f, "utt"), text=_text(f, "text"),
-            voice=_text(f, "voice", required=False), profile=profile,  # type: ignore[arg-type]
-            deadline=_float(f, "deadline", 0.0), trace_id=_text(f, "trace", required=False),
+            call_id=_text(f, "call"),
+            utterance_id=_text(f, "utt"),
+            text=_text(f, "text"),
+            voice=_text(f, "voice", required=False),
+            profile=profile,  # type: ignore[arg-type]
+            deadline=_float(f, "deadline", 0.0),
+            trace_id=_text(f, "trace", required=False),
             raw=_text(f, "raw", required=False, default="0") == "1",
         )
 
@@ -174,15 +195,23 @@ AudioMessage = AudioChunk | UtteranceEnd | UtteranceError
 
 def audio_to_fields(msg: AudioMessage) -> dict[str, bytes]:
     base = {
-        "v": str(VERSION).encode(), "type": msg.kind.encode(), "call": msg.call_id.encode(),
-        "utt": msg.utterance_id.encode(), "seq": str(msg.seq).encode(), "trace": msg.trace_id.encode(),
+        "v": str(VERSION).encode(),
+        "type": msg.kind.encode(),
+        "call": msg.call_id.encode(),
+        "utt": msg.utterance_id.encode(),
+        "seq": str(msg.seq).encode(),
+        "trace": msg.trace_id.encode(),
     }
     if isinstance(msg, AudioChunk):
-        base.update({
-            "rate": str(msg.rate).encode(), "enc": msg.encoding.encode(), "data": msg.data,
-            "offset": str(msg.offset).encode(),
-            "words": json.dumps([[w.word, w.start, w.end] for w in msg.words]).encode(),
-        })
+        base.update(
+            {
+                "rate": str(msg.rate).encode(),
+                "enc": msg.encoding.encode(),
+                "data": msg.data,
+                "offset": str(msg.offset).encode(),
+                "words": json.dumps([[w.word, w.start, w.end] for w in msg.words]).encode(),
+            }
+        )
     elif isinstance(msg, UtteranceEnd):
         base.update({"reason": msg.reason.encode(), "samples": str(msg.samples).encode()})
     else:
@@ -194,8 +223,13 @@ def audio_from_fields(fields: Fields) -> AudioMessage:
     f = _decode(fields)
     _check_version(f)
     kind = _text(f, "type")
+    seq = _int(f, "seq")
+    if seq < 0:
+        raise SchemaError(f"field 'seq' must not be negative: {seq}")
     common = {
-        "call_id": _text(f, "call"), "utterance_id": _text(f, "utt"), "seq": _int(f, "seq"),
+        "call_id": _text(f, "call"),
+        "utterance_id": _text(f, "utt"),
+        "seq": seq,
         "trace_id": _text(f, "trace", required=False),
     }
     if kind == "chunk":
@@ -210,15 +244,29 @@ def audio_from_fields(fields: Fields) -> AudioMessage:
             words = tuple(Word(str(w), int(s), int(e)) for w, s, e in raw_words)
         except (ValueError, TypeError) as exc:
             raise SchemaError(f"field 'words' is malformed: {exc}") from None
+        rate = _int(f, "rate")
+        if rate <= 0:
+            raise SchemaError(f"field 'rate' must be positive: {rate}")
         return AudioChunk(
-            rate=_int(f, "rate"), data=data, offset=_int(f, "offset", default=0), words=words,
+            rate=rate,
+            data=data,
+            offset=_int(f, "offset", default=0),
+            words=words,
             **common,  # type: ignore[arg-type]
         )
     if kind == "end":
         reason = _text(f, "reason", required=False, default="done")
         if reason not in ("done", "cancelled", "deadline"):
             raise SchemaError(f"unknown end reason {reason!r}")
-        return UtteranceEnd(reason=reason, samples=_int(f, "samples", default=0), **common)  # type: ignore[arg-type]
+        return UtteranceEnd(
+            reason=reason,  # type: ignore[arg-type]
+            samples=_int(f, "samples", default=0),
+            **common,  # type: ignore[arg-type]
+        )
     if kind == "error":
-        return UtteranceError(code=_text(f, "code"), message=_text(f, "message", required=False), **common)  # type: ignore[arg-type]
+        return UtteranceError(
+            code=_text(f, "code"),
+            message=_text(f, "message", required=False),
+            **common,  # type: ignore[arg-type]
+        )
     raise SchemaError(f"unknown audio message type {kind!r}")

@@ -8,7 +8,7 @@ import wave
 
 from gateway.config import Config, add_config_arguments, load_from_args
 
-SubParsers = argparse._SubParsersAction  # type: ignore[type-arg]
+SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def register(sub: SubParsers, bench_sub: SubParsers) -> None:

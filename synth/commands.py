@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import wave
+from typing import TypeAlias
 
 from gateway.config import Config, add_config_arguments, load_from_args
 
-SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def register(sub: SubParsers, bench_sub: SubParsers) -> None:

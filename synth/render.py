@@ -93,7 +93,9 @@ class Renderer:
                 base += len(audio)
                 continue
             produced = 0
-            for chunk in self.engine.stream(piece, should_stop=lambda: self.stop_requested):
+            urgent = base == 0  # later pieces play after audio that is already queued
+            stream = self.engine.stream(piece, lambda: self.stop_requested, urgent=urgent)
+            for chunk in stream:
                 yield chunk, base
                 produced = chunk.offset + len(chunk.audio)
             base += produced

@@ -59,13 +59,19 @@ class Engine(Protocol):
         """Run silent inputs through every graph and chunk shape used by ``stream``."""
 
     def stream(
-        self, text: str, should_stop: Callable[[], bool] | None = None
+        self,
+        text: str,
+        should_stop: Callable[[], bool] | None = None,
+        *,
+        urgent: bool = True,
     ) -> Iterator[EngineChunk]:
         """Synthesize already-normalized ``text`` in growing chunks.
 
         ``should_stop`` is polled between chunks; when it returns True the generator ends early
         (its last chunk is then not ``final``). Concatenating the chunks' audio equals
-        ``synthesize(text)`` (within the engine's documented tolerance).
+        ``synthesize(text)`` (within the engine's documented tolerance). ``urgent=False`` says
+        nobody waits for this text's first audio yet (a later piece of an utterance already
+        playing): the engine may start with large, cheaper chunks.
         """
         ...
 

@@ -322,8 +322,10 @@ class TorchEngine(StreamingEngine):
         should_stop: Callable[[], bool] | None = None,
         *,
         seed: int | None = None,
+        urgent: bool = True,
     ) -> Iterator[EngineChunk]:
-        inner = super().stream(text, should_stop, seed=seed)  # raises EngineError up front
+        # raises EngineError up front
+        inner = super().stream(text, should_stop, seed=seed, urgent=urgent)
         return self._counted(inner)
 
     def _counted(self, inner: Iterator[EngineChunk]) -> Iterator[EngineChunk]:

@@ -476,4 +476,3 @@ def find_conv_pre(model: Any) -> Any:
     if not convs:
         raise VoiceError("voice graph: no Conv feeds the first upsampler; cannot find the decoder")
     return max(convs, key=lambda n: order[id(n)])
-

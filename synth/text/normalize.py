@@ -257,8 +257,9 @@ def _money(m: re.Match[str]) -> str:
         return f"{minus}{first} {scale} {cur.majors}"
     if whole2:
         if not frac and not frac2:  # "$5-10": "five to ten dollars", the currency said once
-            return f"{minus}{cardinal(parse_int(whole))} to {cardinal(parse_int(whole2))} " \
-                f"{cur.majors}"
+            return (
+                f"{minus}{cardinal(parse_int(whole))} to {cardinal(parse_int(whole2))} {cur.majors}"
+            )
         return f"{minus}{_say_money(cur, whole, frac)} to {_say_money(cur, whole2, frac2)}"
     return minus + _say_money(cur, whole, frac)
 
@@ -298,8 +299,9 @@ _WEEKDAYS: dict[str, str] = {
 }  # fmt: skip
 
 
-def _date_or_keep(m: re.Match[str], month: int, day: int | None, yr: int | None,
-                  day_first: bool = False) -> str:
+def _date_or_keep(
+    m: re.Match[str], month: int, day: int | None, yr: int | None, day_first: bool = False
+) -> str:
     if day is not None and not dates.valid_date(month, day):
         return m.group(0)
     return dates.say_date(month, day, yr, day_first)
@@ -387,14 +389,18 @@ MONTH_DAY_NUMERIC = Rule(
 )
 NAMED_DATE = Rule(
     "March 3rd, 2024",
-    re.compile(rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?(?![\d:.]\d|\w)"
-               r"(?:,?\s+(\d{4})(?![\w]|[.,]\d))?"),
+    re.compile(
+        rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?(?![\d:.]\d|\w)"
+        r"(?:,?\s+(\d{4})(?![\w]|[.,]\d))?"
+    ),
     _named_date,
 )
 DAY_FIRST_DATE = Rule(
     "3rd of March 2024",
-    re.compile(rf"\b(?:(the)\s+)?(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_FULL_MONTH})\b"
-               r"(?:,?\s+(\d{4})(?![\w]|[.,]\d))?"),
+    re.compile(
+        rf"\b(?:(the)\s+)?(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_FULL_MONTH})\b"
+        r"(?:,?\s+(\d{4})(?![\w]|[.,]\d))?"
+    ),
     lambda m: ("the " if m.group(1) else "") + _day_first_date(m),
 )
 MONTH_YEAR = Rule(
@@ -438,8 +444,11 @@ def _clock_range(m: re.Match[str]) -> str:
     hour1, min1, hour2, min2 = int(h1), int(m1 or 0), int(h2), int(m2 or 0)
     if not (_valid_clock(hour1, min1, True) and _valid_clock(hour2, min2, True)):
         return m.group(0)
-    first = (dates.say_time(hour1, min1, mer1.lower() + "m") if mer1
-             else cardinal(hour1) + (" " + dates.say_minutes(min1) if min1 else ""))
+    first = (
+        dates.say_time(hour1, min1, mer1.lower() + "m")
+        if mer1
+        else cardinal(hour1) + (" " + dates.say_minutes(min1) if min1 else "")
+    )
     return f"{first} to {dates.say_time(hour2, min2, mer2.lower() + 'm')}" + _period(m)
 
 
@@ -578,8 +587,9 @@ TIMES_SIGN = Rule(
 MULTIPLIER = Rule(
     "2x / x2",
     re.compile(rf"(?<![\w.])(?:({VALUE})x|x(\d+))\b"),
-    lambda m: f"{say_value(m.group(1))} times" if m.group(1)
-    else f"times {cardinal(int(m.group(2)))}",
+    lambda m: (
+        f"{say_value(m.group(1))} times" if m.group(1) else f"times {cardinal(int(m.group(2)))}"
+    ),
 )
 
 
@@ -605,7 +615,7 @@ RANGE = Rule(
 
 
 def _spell_code(m: re.Match[str]) -> str:
-    """"AB12C" → "Eh B one two C"; lowercase runs stay words ("user42" → "user four two")."""
+    """ "AB12C" → "Eh B one two C"; lowercase runs stay words ("user42" → "user four two")."""
     pieces = re.findall(r"[A-Z]+(?=[A-Z\d]|$)|[A-Za-z][a-z]+|[a-z]+|\d+|[A-Z]", m.group(0))
     words: list[str] = []
     for piece in pieces:
@@ -626,8 +636,11 @@ ALPHANUMERIC = Rule(
 LETTERS_DASH_NUMBER = Rule(
     "I-95, COVID-19",
     re.compile(r"\b([A-Z]{1,6})-(\d+)(?![\w-]|[.,]\d)"),
-    lambda m: (acronyms.spell(m.group(1)) if len(m.group(1)) == 1 else m.group(1))
-    + " " + number(m.group(2)),
+    lambda m: (
+        (acronyms.spell(m.group(1)) if len(m.group(1)) == 1 else m.group(1))
+        + " "
+        + number(m.group(2))
+    ),
 )
 DOTTED_INITIALS = Rule(
     "U.S.A.",
@@ -686,9 +699,7 @@ def _integer(m: re.Match[str]) -> str:
 
 INTEGER = Rule("1,234 / 007", re.compile(rf"(?:{INT})"), _integer)
 # Digits glued to letters after every rule above ("abc123"): read one by one, set apart.
-GLUED_DIGIT = Rule(
-    "stray digit", re.compile(r"\d+"), lambda m: f" {digits(m.group(0))} "
-)
+GLUED_DIGIT = Rule("stray digit", re.compile(r"\d+"), lambda m: f" {digits(m.group(0))} ")
 
 # --- 14. symbols and tidy-up -----------------------------------------------------------------
 
@@ -804,4 +815,3 @@ def normalize(text: str) -> str:
             break
         spoken = again
     return spoken
-

@@ -71,7 +71,7 @@ LONG = (
 @pytest.mark.parametrize("frames", [1, 5, 33, 34, 60, 61, 150, 151, 400, 1000])
 @pytest.mark.parametrize("first_step", [0, 3])
 def test_plan_covers_frames_with_fixed_windows(frames: int, first_step: int) -> None:
-    config = StreamConfig()
+    config = StreamConfig(fixed_windows=True)
     plans = plan_chunks(frames, config, first_step)
     assert plans[0].start == 0 and plans[-1].end == frames
     for prev, cur in itertools.pairwise(plans):
@@ -81,11 +81,23 @@ def test_plan_covers_frames_with_fixed_windows(frames: int, first_step: int) -> 
         assert plan.win_end >= min(frames, plan.end + config.right_context)
         assert plan.win_end <= frames
         width = plan.win_end - plan.win_start
-        assert width in config.window_widths or (len(plans) == 1 and width == frames)
+        # A warmed window width, or the whole sentence when no warmed width fits inside it.
+        assert width in config.window_widths or width == frames
+
+
+@pytest.mark.parametrize("frames", [1, 5, 33, 34, 60, 61, 150, 151, 400, 1000])
+def test_exact_windows_are_chunk_plus_context(frames: int) -> None:
+    config = StreamConfig()
+    plans = plan_chunks(frames, config)
+    assert plans[0].start == 0 and plans[-1].end == frames
+    for plan in plans:
+        lo = max(0, plan.start - config.left_context)
+        hi = min(frames, plan.end + config.right_context)
+        assert (plan.win_start, plan.win_end) == (lo, hi) or len(plans) == 1
 
 
 def test_plan_follows_the_schedule() -> None:
-    config = StreamConfig()
+    config = StreamConfig(schedule=(10, 20, 40, 80))
     sizes = [p.end - p.start for p in plan_chunks(1000, config)]
     assert sizes[:4] == [10, 20, 40, 80]
     assert all(s == 80 for s in sizes[4:-1])

@@ -189,9 +189,7 @@ def _random_text(rng: random.Random) -> str:
         "a.m.", "U.S.", "P", "M.", "Eh", "\n", "well-known", "3–5",
     ]  # fmt: skip
     ends = ["", "", "", ",", ".", "!", "?", ";", ":", " -"]
-    return " ".join(
-        rng.choice(vocab) + rng.choice(ends) for _ in range(rng.randint(0, 90))
-    )
+    return " ".join(rng.choice(vocab) + rng.choice(ends) for _ in range(rng.randint(0, 90)))
 
 
 def _feed_in_pieces(text: str, cuts: list[int], first: int = 8, limit: int = 60) -> list[str]:

@@ -68,7 +68,7 @@ class ToneEngine:
         return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
     def stream(
-        self, text: str, should_stop: Callable[[], bool] | None = None
+        self, text: str, should_stop: Callable[[], bool] | None = None, *, urgent: bool = True
     ) -> Iterator[EngineChunk]:
         import time
 

@@ -1,0 +1,216 @@
+"""End to end: `voxgate worker` processes with the real onnx engine over a real Redis.
+
+These are the separate-process deployments: a client (standing in for the gateway) talks to
+workers only through Redis Streams. One worker is killed with SIGKILL mid-utterance and another
+claims its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synth.bus.redis_bus import RedisBus
+from synth.bus.schema import AudioChunk, AudioMessage, SpeakRequest, UtteranceEnd, UtteranceError
+from tests.worker.conftest import REDIS_URL
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"vge2e-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def bus(prefix: str) -> AsyncIterator[RedisBus]:
+    b = RedisBus(REDIS_URL, prefix=prefix)
+    await b.start()
+    yield b
+    await b.close()
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(REDIS_URL)
+    keys = [k async for k in r.scan_iter(f"{prefix}:*")]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()
+
+
+class Workers:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, claim_idle_ms: int = 1000) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable, "-m", "gateway.cli", "worker", "--redis", REDIS_URL,
+            "--bus-prefix", self.prefix, "--worker-name", name,
+            "--worker-claim-idle-ms", str(claim_idle_ms), "--concurrency", "2",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        self.procs[name] = proc
+        return proc
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+@pytest.fixture
+def workers(prefix: str) -> Iterator[Workers]:
+    w = Workers(prefix)
+    yield w
+    w.stop_all()
+
+
+async def wait_ready(bus: RedisBus, name: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if any(w.get("worker") == name for w in await bus.ready_workers()):
+            return
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"worker {name} exited with {proc.returncode}: {err[-2000:]}")
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker {name} never became ready")
+
+
+async def read_until_end(sub: object, timeout: float = 30) -> list[AudioMessage]:
+    out: list[AudioMessage] = []
+    while True:
+        m = await sub.get(timeout)  # type: ignore[attr-defined]
+        assert m is not None, f"no end after {len(out)} messages"
+        out.append(m)
+        if isinstance(m, UtteranceEnd | UtteranceError):
+            return out
+
+
+async def test_worker_process_speaks_over_redis(bus: RedisBus, workers: Workers) -> None:
+    proc = workers.start("w1")
+    await wait_ready(bus, "w1", proc)
+    req = SpeakRequest(
+        call_id="call-e2e", utterance_id=uuid.uuid4().hex,
+        text="Thank you for calling. Your balance is $42.50.", trace_id="trace-1",
+    )  # fmt: skip
+    sub = await bus.subscribe(req.call_id)
+    await bus.submit(req)
+    msgs = await read_until_end(sub)
+    await sub.close()
+    end = msgs[-1]
+    assert isinstance(end, UtteranceEnd) and end.reason == "done", end
+    chunks = [m for m in msgs if isinstance(m, AudioChunk)]
+    assert all(c.rate == 8000 and c.trace_id == "trace-1" for c in chunks)
+    pcm = np.frombuffer(b"".join(c.data for c in chunks), "<i2").astype(np.float64) / 32768
+    assert end.samples == len(pcm)
+    assert 2.0 < len(pcm) / 8000 < 8.0  # two short sentences of speech
+    # Speech energy where the words are, and at least 8 of the 11 spoken words marked.
+    words = [w for c in chunks for w in c.words]
+    assert len(words) >= 8
+    levels = []
+    for w in words:
+        seg = pcm[w.start : w.end]
+        assert len(seg), w
+        levels.append(20 * np.log10(np.sqrt(np.mean(seg**2)) + 1e-9))
+    # Every marked word carries sound (quiet ones like "is" sit near -40 dBFS narrowband), and
+    # speech sits at a telephone level overall (about -20 dBFS active).
+    assert min(levels) > -50, list(zip(words, levels, strict=True))
+    assert float(np.median(levels)) > -30
+    assert np.abs(pcm).max() < 0.95  # the limiter keeps G.711 from clipping
+
+    # SIGTERM: the worker retires its heartbeat and exits cleanly.
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert not [w for w in await bus.ready_workers() if w.get("worker") == "w1"]
+
+
+async def test_killed_workers_request_is_finished_by_another(
+    bus: RedisBus, workers: Workers
+) -> None:
+    w1 = workers.start("w1")
+    await wait_ready(bus, "w1", w1)
+    text = " ".join(["Please listen carefully, as our menu options have changed."] * 6)
+    req = SpeakRequest(call_id="call-kill", utterance_id=uuid.uuid4().hex, text=text)
+    sub = await bus.subscribe(req.call_id)
+    await bus.submit(req)
+    first = await sub.get(30)
+    assert isinstance(first, AudioChunk)
+    w1.send_signal(signal.SIGKILL)
+    w1.wait(10)
+    assert (await bus.pending())[1] == 1  # delivered to w1, never acknowledged
+    w2 = workers.start("w2")
+    await wait_ready(bus, "w2", w2)
+    msgs = await read_until_end(sub, timeout=60)
+    await sub.close()
+    end = msgs[-1]
+    assert isinstance(end, UtteranceEnd) and end.reason == "done", end
+    # w2 re-rendered the utterance from its start (seq 0 again); the gateway plays only the
+    # next seq it expects, so the restart is harmless to the caller.
+    seqs = [m.seq for m in msgs if isinstance(m, AudioChunk)]
+    restart = len(seqs) - 1 - seqs[::-1].index(0)
+    assert seqs[restart:] == list(range(len(seqs) - restart))
+    assert end.samples == sum(m.samples for m in msgs[restart:] if isinstance(m, AudioChunk))
+    deadline = time.monotonic() + 10  # the ack follows the end message
+    while await bus.pending() != (0, 0):
+        assert time.monotonic() < deadline, await bus.pending()
+        await asyncio.sleep(0.05)
+
+
+async def test_bad_requests_do_not_disturb_other_calls(bus: RedisBus, workers: Workers) -> None:
+    proc = workers.start("w1")
+    await wait_ready(bus, "w1", proc)
+    good = SpeakRequest(call_id="good", utterance_id="u-good", text="Your call is important to us.")
+    bad = SpeakRequest(call_id="bad", utterance_id="u-bad", text="x" * 6000)
+    s_good, s_bad = await bus.subscribe("good"), await bus.subscribe("bad")
+    await bus.submit(bad)
+    await bus.submit(good)
+    await bus._redis.xadd(bus.request_stream, {"v": "1", "call": "bad", "utt": "u-x"})
+    bad_msgs = [await s_bad.get(30), await s_bad.get(30)]
+    good_msgs = await read_until_end(s_good)
+    codes = sorted(m.code for m in bad_msgs if isinstance(m, UtteranceError))
+    assert codes == ["bad_request", "text_too_long"]
+    assert isinstance(good_msgs[-1], UtteranceEnd) and good_msgs[-1].reason == "done"
+    await s_good.close()
+    await s_bad.close()
+    assert proc.poll() is None
+
+
+def test_serve_starts_ready_and_stops_on_sigterm() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve"], cwd=ROOT, env=env,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 90
+        seen = ""
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen += line
+            if " ready " in line:
+                break
+        assert " ready " in seen, seen
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -15,6 +15,8 @@ chunks of ``chunk_text`` on the whole text.
 
 from __future__ import annotations
 
+from synth.text.numbers import ONES, SCALES, TENS
+
 _TERMINATORS = ".!?"
 _CLAUSE_MARKS = ",;:"
 _DASHES = "—–"
@@ -37,6 +39,27 @@ AMBIGUOUS: frozenset[str] = frozenset(
         "Rd", "Ln", "Ct", "a.m", "p.m", "A.M", "P.M", "U.S", "U.K", "Ph.D",
     }
 )  # fmt: skip
+
+
+# Words a spelled-out amount is made of. The first chunk's word limit does not cut between two
+# of them: "one thousand two hundred thirty | four dollars" would be spoken as two numbers.
+NUMBER_WORDS: frozenset[str] = frozenset(
+    {w for w in ONES + TENS if w} | {name for _, name in SCALES} | {"hundred", "point", "and"}
+)
+# How many words past ``first_max_words`` the first chunk may run to finish a number.
+NUMBER_GRACE = 8
+
+
+def _bare(word: str) -> str:
+    return word.strip(_OPENERS + _CLOSERS).lower()
+
+
+def _word_at(buf: str, i: int) -> str | None:
+    """The word starting at ``i``, or None if it may still be growing (end of buffer)."""
+    j = i
+    while j < len(buf) and not buf[j].isspace():
+        j += 1
+    return buf[i:j] if j < len(buf) else None
 
 
 def _skip_closers(buf: str, k: int) -> int:
@@ -125,6 +148,7 @@ def _find_cut(buf: str, limit: int, first: bool, final: bool) -> int | None:
     chunk any clause boundary cuts; later ones cut at sentence ends, and at the last clause
     boundary only when the sentence runs past ``limit`` words."""
     n = len(buf)
+    first_limit = limit
     words = 0
     in_word = False
     word_end = 0  # end of the latest complete word
@@ -141,7 +165,15 @@ def _find_cut(buf: str, limit: int, first: bool, final: bool) -> int | None:
             continue
         if not in_word:
             if words == limit:  # this word would be one too many
-                return word_end if first or last_clause is None else last_clause
+                if first and limit < first_limit + NUMBER_GRACE:
+                    nxt = _word_at(buf, i)
+                    if nxt is None and not final:
+                        return None  # can't tell yet whether a number goes on
+                    prev, _ = _token_before(buf, word_end)
+                    if _bare(prev) in NUMBER_WORDS and _bare(nxt or "") in NUMBER_WORDS:
+                        limit += 1
+                if words == limit:
+                    return word_end if first or last_clause is None else last_clause
             words += 1
             in_word = True
         if c in _TERMINATORS:

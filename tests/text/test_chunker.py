@@ -237,3 +237,21 @@ def test_chunks_keep_every_word_and_respect_limits() -> None:
         spoken = [w for w in text.split() if any(c.isalnum() for c in w)]
         kept = [w for chunk in chunks for w in chunk.split() if any(c.isalnum() for c in w)]
         assert kept == spoken
+
+
+def test_first_chunk_does_not_cut_inside_a_spelled_number() -> None:
+    text = "Your balance is one thousand two hundred thirty four dollars and fifty cents."
+    chunks = chunk_text(text)
+    assert chunks[0] == "Your balance is one thousand two hundred thirty four"
+    # Feeding word by word gives the same cut (it waits to see the next word).
+    c = Chunker()
+    got: list[str] = []
+    for word in text.split(" "):
+        got += c.feed(word + " ")
+    assert got + c.flush() == chunks
+
+
+def test_number_grace_is_bounded() -> None:
+    text = " ".join(["one"] * 40) + "."
+    first = chunk_text(text)[0]
+    assert len(first.split()) == 8 + 8

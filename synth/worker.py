@@ -101,7 +101,8 @@ class Worker:
         self.whole = whole
         self.on_stats = on_stats
         # More pool threads than cores only adds contention; utterances beyond that interleave.
-        self._executor = PriorityExecutor(max(1, min(concurrency, os.cpu_count() or 1)))
+        self._threads = max(1, min(concurrency, os.cpu_count() or 1))
+        self._executor: PriorityExecutor | None = None  # exists while run() does
         self._active: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self.ready = False
@@ -135,6 +136,7 @@ class Worker:
         """
         if warm:
             await self.warmup()
+        self._executor = executor = PriorityExecutor(self._threads)
         self.ready = True
         beat = asyncio.create_task(self._heartbeat_loop(stop))
         claim = asyncio.create_task(self._claim_loop(stop))
@@ -169,7 +171,8 @@ class Worker:
                 await self.bus.retire(self.name)
             if self._active:
                 await asyncio.gather(*self._active, return_exceptions=True)
-            self._executor.shutdown(wait=False)
+            executor.shutdown(wait=False)
+            self._executor = None
 
     def _spawn(self, delivery: Delivery) -> None:
         task = asyncio.create_task(self._handle(delivery))
@@ -337,6 +340,7 @@ class Worker:
                 report("cancelled", renderer.samples, renderer.rate)
                 return
             # First chunks jump the queue; later ones take turns in arrival order.
+            assert self._executor is not None, "utterances are served only inside run()"
             try:
                 out = await self._executor.submit(0 if seq == 0 else 1, renderer.step)
             except Exception as exc:

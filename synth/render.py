@@ -42,6 +42,31 @@ class Rendered:
     compute_s: float  # wall time spent producing it (engine + DSP)
 
 
+# Spoken text may be this many times longer than the request's character limit (numbers read
+# digit by digit expand ~5x); past that a request is rejected instead of talking for an hour.
+SPOKEN_EXPANSION = 3
+
+# C0/C1 controls (but tab and newline), and bidi/zero-width format characters: never speakable,
+# and NUL crashes espeak's C API. Replaced by spaces so words on either side stay apart.
+_UNSPEAKABLE = {
+    c: " " for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)]
+}
+_UNSPEAKABLE.update(
+    {
+        c: None
+        for c in [
+            0x200B,
+            0x200C,
+            0x200D,
+            0x2060,
+            0xFEFF,
+            *range(0x202A, 0x202F),
+            *range(0x2066, 0x206A),
+        ]
+    }
+)
+
+
 def prepare_text(text: str, *, raw: bool, max_chars: int) -> list[str]:
     """Validate, normalize and chunk request text; raise RenderError with a stable code."""
     from synth.bus.schema import ERR_EMPTY_TEXT, ERR_TEXT_TOO_LONG
@@ -50,7 +75,14 @@ def prepare_text(text: str, *, raw: bool, max_chars: int) -> list[str]:
         raise RenderError(
             ERR_TEXT_TOO_LONG, f"text is {len(text)} characters; the limit is {max_chars}"
         )
+    text = text.translate(_UNSPEAKABLE)
     spoken = text if raw else normalize(text)
+    if len(spoken) > SPOKEN_EXPANSION * max_chars:
+        raise RenderError(
+            ERR_TEXT_TOO_LONG,
+            f"text expands to {len(spoken)} characters when spoken; the limit is "
+            f"{SPOKEN_EXPANSION * max_chars} ({SPOKEN_EXPANSION} x {max_chars})",
+        )
     pieces = [p for p in chunk_text(spoken) if any(c.isalnum() for c in p)]
     if not pieces:
         raise RenderError(ERR_EMPTY_TEXT, "text has nothing to speak")

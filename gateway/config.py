@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import tomllib
 import types
@@ -102,6 +103,90 @@ class WorkerConfig:
 
 
 @dataclass
+class GatewayConfig:
+    # SIP over UDP and TCP on the same address.
+    sip_listen: str = "0.0.0.0:5060"
+    # Control API and (later) the softphone page.
+    http_listen: str = "127.0.0.1:8080"
+    # Bearer token for the control API; required when http_listen is not loopback.
+    api_token: str = ""
+    # Address put in SDP and Contact; empty: the address the SIP request came in on.
+    public_address: str = ""
+    rtp_port_min: int = 10000
+    rtp_port_max: int = 20000
+    # Calls above this get 503 with Retry-After.
+    max_calls: int = 200
+    # Outbound calls go through this trunk (sip:host[:port]); empty: straight to the To URI.
+    trunk: str = ""
+    trunk_username: str = ""
+    trunk_password: str = ""
+    # REGISTER with the trunk (and refresh before expiry) when set.
+    register: bool = False
+    register_expires_s: int = 600
+    # SIP identity for outbound calls and registration.
+    from_user: str = "voxgate"
+
+    def validate(self) -> None:
+        for key, value in (
+            ("gateway.sip_listen", self.sip_listen),
+            ("gateway.http_listen", self.http_listen),
+        ):
+            parse_hostport(key, value)
+        if not 1024 <= self.rtp_port_min < self.rtp_port_max <= 65535:
+            raise ConfigError(
+                "gateway.rtp_port_min/rtp_port_max: need 1024 <= min < max <= 65535, got "
+                f"{self.rtp_port_min}-{self.rtp_port_max}"
+            )
+        _positive("gateway.max_calls", self.max_calls)
+        if self.trunk and not self.trunk.startswith(("sip:", "sips:")):
+            raise ConfigError(f"gateway.trunk: expected a sip: URI, got {self.trunk!r}")
+        if self.register and not self.trunk:
+            raise ConfigError("gateway.register: needs gateway.trunk")
+        _positive("gateway.register_expires_s", self.register_expires_s)
+
+
+@dataclass
+class IvrConfig:
+    """The embedded agent: a greeting, a DTMF menu, prompts per key, hang-up."""
+
+    greeting: str = (
+        "Thank you for calling voxgate. For our opening hours, press 1. "
+        "For your account balance, press 2. To hear these options again, press 9. "
+        "To end the call, press 0."
+    )
+    # Digit -> prompt spoken when it is pressed.
+    menu: dict[str, str] = field(
+        default_factory=lambda: {
+            "1": "We are open Monday to Friday, from 8 AM to 6 PM, and on Saturdays from 9 to 1.",
+            "2": "Your current balance is $1,234.56. "
+            "Your next payment of $85 is due on 03/15/2026.",
+            "0": "Thank you for calling. Goodbye.",
+        }
+    )
+    # Digits that hang up once their prompt has been spoken.
+    hangup_digits: str = "0"
+    repeat_digit: str = "9"
+    invalid: str = "Sorry, that is not a valid option."
+    # Pressing a key while a prompt plays interrupts it.
+    dtmf_interrupts: bool = True
+    # Hang up after this long with no key pressed after the last prompt (0: never).
+    idle_timeout_s: float = 30.0
+    goodbye: str = "We did not receive any input. Goodbye."
+
+    def validate(self) -> None:
+        for digit in [*self.menu, *self.hangup_digits, *self.repeat_digit]:
+            if len(digit) != 1 or digit not in "0123456789*#ABCD":
+                raise ConfigError(f"ivr.menu: {digit!r} is not a DTMF key (0-9 * # A-D)")
+        for digit in self.hangup_digits:
+            if digit not in self.menu:
+                raise ConfigError(f"ivr.hangup_digits: {digit!r} has no prompt in ivr.menu")
+        if not self.greeting.strip():
+            raise ConfigError("ivr.greeting: must not be empty")
+        if self.idle_timeout_s < 0:
+            raise ConfigError(f"ivr.idle_timeout_s: must be >= 0, got {self.idle_timeout_s}")
+
+
+@dataclass
 class LogConfig:
     level: str = "info"
     # "json" (structured, for operators) or "text".
@@ -117,6 +202,8 @@ class Config:
     bus: BusConfig = field(default_factory=BusConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    ivr: IvrConfig = field(default_factory=IvrConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
@@ -131,7 +218,21 @@ ALIASES: dict[str, str] = {
     "device": "synth.device",
     "voice": "synth.voice",
     "concurrency": "synth.concurrency",
+    "sip-listen": "gateway.sip_listen",
+    "http-listen": "gateway.http_listen",
 }
+
+
+def parse_hostport(key: str, value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); names the key when malformed."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ConfigError(f"{key}: expected [IPV6]:PORT, got {value!r}")
+        host = host[1:-1]
+    return host, int(port)
 
 
 def _choice(key: str, value: object, allowed: tuple[object, ...]) -> None:
@@ -153,6 +254,18 @@ def _coerce(key: str, typ: type, value: object) -> Any:
     """Turn a TOML value or an env/flag string into ``typ``; name the key on failure."""
     if isinstance(typ, types.UnionType):  # pragma: no cover - no optional keys yet
         typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    if typing.get_origin(typ) is dict:
+        # A TOML table; from the environment or a flag, the same as a JSON object.
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a JSON object, got {value!r}") from None
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(f"{key}: expected a table of strings, got {value!r}")
+        return dict(value)
     if isinstance(value, str) and typ is not str:
         text = value.strip()
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ def test_sample_file_parses_to_the_defaults() -> None:
     assert load(SAMPLE, env={}) == load(None, env={})
     text = SAMPLE.read_text()
     for key, _, _ in all_keys():
-        assert f"\n{key.split('.')[1]} = " in text, f"{key} missing from the sample"
+        section, name = key.split(".")
+        documented = f"\n{name} = " in text or f"\n[{section}.{name}]" in text
+        assert documented, f"{key} missing from the sample"
 
 
 def test_precedence_file_env_flag(tmp_path: Path) -> None:
@@ -33,12 +36,12 @@ def test_every_key_has_a_flag_and_an_env_var() -> None:
     add_config_arguments(parser)
     for key, _typ, default in all_keys():
         flag = "--" + key.replace(".", "-").replace("_", "-")
-        value = str(default)
+        value = json.dumps(default) if isinstance(default, dict) else str(default)
         args = parser.parse_args([flag, value])
         assert getattr(args, "cfg:" + key) == value
         env = {"VOXGATE_" + key.replace(".", "_").upper(): value}
-        if key == "synth.voice":
-            continue  # an empty path is the default; a file must exist otherwise
+        if key in ("synth.voice", "gateway.api_token", "gateway.trunk"):
+            continue  # empty defaults with a meaning; a non-empty value is validated
         assert load(None, env=env) is not None
 
 
@@ -65,6 +68,15 @@ def test_aliases_map_onto_keys() -> None:
         ('[synth]\ndevice = "cuda"\n', {}, "synth.device"),  # onnx engine is CPU only
         ('[bus]\nkind = "redis"\nredis_url = "http://x"\n', {}, "bus.redis_url"),
         ("[synth\n", {}, "invalid TOML"),
+        ('[gateway]\nsip_listen = "5060"\n', {}, "gateway.sip_listen"),
+        ('[gateway]\nhttp_listen = "[::1:80"\n', {}, "gateway.http_listen"),
+        ("[gateway]\nrtp_port_min = 20000\nrtp_port_max = 10000\n", {}, "gateway.rtp_port_min"),
+        ('[gateway]\ntrunk = "example.com"\n', {}, "gateway.trunk"),
+        ("[gateway]\nregister = true\n", {}, "gateway.register"),
+        ('[ivr.menu]\n"12" = "x"\n', {}, "ivr.menu"),
+        ('[ivr]\nhangup_digits = "5"\n', {}, "ivr.hangup_digits"),
+        ("", {"VOXGATE_IVR_MENU": "{not json"}, "ivr.menu"),
+        ("", {"VOXGATE_IVR_MENU": '{"1": 5}'}, "ivr.menu"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, toml: str, env: dict[str, str], key: str) -> None:
@@ -89,3 +101,13 @@ def test_cli_prints_one_line_and_exits_2(
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load(tmp_path / "absent.toml", env={})
+
+
+def test_tables_from_toml_env_and_flags(tmp_path: Path) -> None:
+    f = tmp_path / "v.toml"
+    f.write_text('[ivr]\nhangup_digits = ""\n[ivr.menu]\n"5" = "five"\n')
+    assert load(f, env={}).ivr.menu == {"5": "five"}
+    cfg = load(None, env={"VOXGATE_IVR_MENU": '{"0": "bye"}'})
+    assert cfg.ivr.menu == {"0": "bye"}
+    cfg = load(None, env={}, overrides={"ivr.menu": '{"0": "ciao"}'})
+    assert cfg.ivr.menu == {"0": "ciao"}

@@ -30,7 +30,7 @@ from synth.bus.schema import (
     UtteranceError,
 )
 from synth.worker import UtteranceStats, Worker
-from tests.worker.conftest import ToneEngine
+from tests.fakes import ToneEngine
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ import pytest
 
 from synth.bus.redis_bus import RedisBus
 from synth.bus.schema import AudioChunk, AudioMessage, SpeakRequest, UtteranceEnd, UtteranceError
-from tests.worker.conftest import REDIS_URL
+from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -1,0 +1,368 @@
+"""Calls: one agent, one playout and one bus subscription per call, whatever the leg.
+
+``Call`` is what agents and the control API act on (``CallHandle``); the signalling/media side of
+a call (a SIP dialog with its RTP session, or later a WebRTC peer) is a ``Leg`` that the call
+drives for hang-up and DTMF, and that pulls the call's audio with ``pull_audio`` on each media
+tick. ``CallManager`` holds the calls, enforces the call limit, fans events out to the control
+API and implements ``CallControl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.agent import Agent, AgentFactory
+from gateway.control import (
+    BadRequest,
+    CallInfo,
+    CallState,
+    CallStateChanged,
+    Conflict,
+    DtmfReceived,
+    Event,
+    TextTooLong,
+    Unavailable,
+    UnknownCall,
+    UtteranceFinished,
+    UtteranceStarted,
+)
+from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
+from synth.bus.base import Bus, BusError, Subscription
+from synth.bus.schema import SpeakRequest
+from synth.text.chunker import Chunker
+
+log = logging.getLogger("voxgate.calls")
+
+DTMF_KEYS = frozenset("0123456789*#ABCD")
+# Per-subscriber event queue bound: a stuck consumer loses events, never stalls calls.
+EVENT_QUEUE = 1000
+
+
+class Leg(Protocol):
+    """The signalling + media side of a call."""
+
+    async def hangup(self, reason: str) -> None:
+        """End the call on the wire (BYE/CANCEL/close); the leg then calls ``Call.ended``."""
+
+    async def send_dtmf(self, digits: str) -> None: ...
+
+
+class Call:
+    def __init__(
+        self,
+        manager: CallManager,
+        info: CallInfo,
+        *,
+        rate: int = 8000,
+        profile: str = "narrowband",
+    ) -> None:
+        self.manager = manager
+        self._info = info
+        self.rate = rate
+        self.profile = profile
+        self.playout = Playout(rate)
+        self.leg: Leg | None = None
+        self.agent: Agent | None = None
+        self._sub: Subscription | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._agent_queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._texts: dict[str, str] = {}
+        self._dtmf_cuts: dict[str, bool] = {}
+        self.trace_id = uuid.uuid4().hex[:16]
+
+    # --- CallHandle ----------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> CallInfo:
+        return self._info
+
+    async def say(self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True) -> str:
+        if self._info.state == "ended":
+            raise Conflict(f"call {self.id} has ended")
+        if len(text) > self.manager.max_text_chars:
+            raise TextTooLong(
+                f"text is {len(text)} characters; the limit is {self.manager.max_text_chars}"
+            )
+        if interrupt:
+            self.interrupt()
+        utt = uuid.uuid4().hex
+        self.playout.enqueue(utt, text)
+        self._texts[utt] = text
+        self._dtmf_cuts[utt] = dtmf_interrupts
+        await self.manager.bus.submit(
+            SpeakRequest(
+                call_id=self.id, utterance_id=utt, text=text,
+                profile=self.profile, trace_id=self.trace_id,  # type: ignore[arg-type]
+            )
+        )  # fmt: skip
+        return utt
+
+    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
+        """Speak text arriving in pieces: each chunker piece becomes one queued utterance as
+        soon as it is complete, so the first words play while the rest is still arriving.
+        Returns the id of the first utterance."""
+        chunker = Chunker()
+        first: str | None = None
+        total = 0
+        async for piece in chunks:
+            total += len(piece)
+            if total > self.manager.max_text_chars:
+                raise TextTooLong(
+                    f"streamed text passed the limit of {self.manager.max_text_chars}"
+                )
+            for text in chunker.feed(piece):
+                utt = await self.say(text)
+                first = first or utt
+        for text in chunker.flush():
+            utt = await self.say(text)
+            first = first or utt
+        if first is None:
+            raise BadRequest("streamed text had nothing to speak")
+        return first
+
+    async def hangup(self, reason: str = "agent") -> None:
+        if self.leg is not None and self._info.state != "ended":
+            await self.leg.hangup(reason)
+
+    # --- driven by the leg ---------------------------------------------------------------
+    async def start(self, agent: Agent | None) -> None:
+        """Media is up: subscribe to the call's audio and start the agent."""
+        self._sub = await self.manager.bus.subscribe(self.id)
+        self._spawn(self._read_audio())
+        self.agent = agent
+        self._spawn(self._run_agent(), name="agent")
+
+    def set_state(self, state: CallState, reason: str | None = None) -> None:
+        now = time.time()
+        changes: dict[str, object] = {"state": state}
+        if state == "answered" and self._info.answered_at is None:
+            changes["answered_at"] = now
+        if state == "ended":
+            changes.update(ended_at=now, end_reason=reason)
+        self._info = _replace(self._info, **changes)
+        self.emit(CallStateChanged(self.id, state=state, reason=reason))
+
+    def set_codec(self, codec: str) -> None:
+        self._info = _replace(self._info, codec=codec)
+
+    def on_dtmf(self, digit: str, duration_ms: int = 0, source: str = "rfc4733") -> None:
+        current = self.playout.current
+        if current is not None and self.playout.speaking and self._dtmf_cuts.get(current, True):
+            self.interrupt(clear_queue=False)
+        self.emit(DtmfReceived(self.id, digit=digit, duration_ms=duration_ms, source=source))
+
+    def pull_audio(self, n: int) -> npt.NDArray[np.int16]:
+        """The next ``n`` samples to send (silence when the agent is quiet). Media-tick hot path."""
+        pcm, events = self.playout.pull(n)
+        if events:
+            self._on_playout(events)
+        speaking = self.playout.speaking
+        if speaking != self._info.speaking:
+            self._info = _replace(self._info, speaking=speaking)
+        return pcm
+
+    def interrupt(self, *, clear_queue: bool = True) -> None:
+        """Stop the agent now: fade out (10 ms), drop queued audio, cancel it on the worker."""
+        self._on_playout(self.playout.interrupt(clear_queue=clear_queue))
+
+    async def ended(self, reason: str) -> None:
+        """The leg is gone: stop everything of this call and tell the agent."""
+        if self._info.state == "ended":
+            return
+        self._on_playout(self.playout.interrupt())
+        self.set_state("ended", reason)
+        self.manager.forget(self)
+        self._agent_queue.put_nowait(None)
+        if self._sub is not None:
+            await self._sub.close()
+        with contextlib.suppress(BusError):
+            await self.manager.bus.drop_call(self.id)
+        for task in list(self._tasks):
+            if task is not asyncio.current_task() and not task.get_name().startswith("agent"):
+                task.cancel()
+
+    # --- internals -----------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        self.manager.publish(event)
+        # Agents get what they act on (DTMF, speech, utterance ends), not their own echoes.
+        if self.agent is not None and not isinstance(event, CallStateChanged | UtteranceStarted):
+            self._agent_queue.put_nowait(event)
+
+    def _on_playout(self, events: list[PlayoutEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, PlayoutStarted):
+                self.emit(
+                    UtteranceStarted(
+                        self.id,
+                        utterance_id=ev.utterance_id,
+                        text=self._texts.get(ev.utterance_id, ""),
+                    )
+                )
+            elif isinstance(ev, PlayoutFinished):
+                self._texts.pop(ev.utterance_id, None)
+                self._dtmf_cuts.pop(ev.utterance_id, None)
+                if ev.outcome in ("interrupted", "cancelled"):
+                    self._spawn(self._cancel(ev.utterance_id))
+                self.emit(UtteranceFinished(
+                    self.id, utterance_id=ev.utterance_id, outcome=ev.outcome,
+                    heard=" ".join(ev.heard), error=ev.error,
+                ))  # fmt: skip
+
+    async def _cancel(self, utterance_id: str) -> None:
+        with contextlib.suppress(BusError):
+            await self.manager.bus.cancel(utterance_id)
+
+    async def _read_audio(self) -> None:
+        assert self._sub is not None
+        async for msg in self._sub:
+            events = self.playout.on_message(msg)
+            if events:
+                self._on_playout(events)
+
+    async def _run_agent(self) -> None:
+        agent = self.agent
+        if agent is None:
+            return
+        try:
+            await agent.on_start(self)
+            while (event := await self._agent_queue.get()) is not None:
+                await agent.on_event(self, event)
+        except Exception:
+            log.exception("agent failed on call %s; hanging up", self.id)
+            await self.hangup("agent error")
+        finally:
+            with contextlib.suppress(Exception):
+                await agent.on_end(self)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str = "call") -> None:
+        # The agent task is named so ``ended`` lets it finish (it runs on_end).
+        task = self._loop.create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _replace(info: CallInfo, **changes: object) -> CallInfo:
+    import dataclasses
+
+    return dataclasses.replace(info, **changes)  # type: ignore[arg-type]
+
+
+class CallManager:
+    """Registry of live calls; the ``CallControl`` the API talks to."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        agent_factory: AgentFactory | None,
+        *,
+        max_calls: int = 200,
+        max_text_chars: int = 5000,
+    ) -> None:
+        self.bus = bus
+        self.agent_factory = agent_factory
+        self.max_calls = max_calls
+        self.max_text_chars = max_text_chars
+        self.calls: dict[str, Call] = {}
+        self._subscribers: set[asyncio.Queue[Event]] = set()
+        # Set by the SIP side: place an outbound call (to, caller) and return it ringing.
+        self.originate_hook: Callable[[str, str | None], Awaitable[Call]] | None = None
+        self.outcomes: dict[str, int] = {}
+
+    def full(self) -> bool:
+        return len(self.calls) >= self.max_calls
+
+    def new_call(
+        self,
+        leg_kind: str,
+        direction: str,
+        remote: str,
+        local: str,
+        *,
+        rate: int = 8000,
+        profile: str = "narrowband",
+        call_id: str | None = None,
+    ) -> Call:
+        if self.full():
+            raise Unavailable(f"at the call limit ({self.max_calls})")
+        info = CallInfo(
+            id=call_id or uuid.uuid4().hex[:12], leg=leg_kind, direction=direction,  # type: ignore[arg-type]
+            state="ringing", remote=remote, local=local, started_at=time.time(),
+        )  # fmt: skip
+        call = Call(self, info, rate=rate, profile=profile)
+        self.calls[call.id] = call
+        self.publish(CallStateChanged(call.id, state="ringing"))
+        return call
+
+    def forget(self, call: Call) -> None:
+        self.calls.pop(call.id, None)
+        reason = call.info.end_reason or "unknown"
+        self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
+
+    def agent_for(self, call: Call) -> Agent | None:
+        return self.agent_factory(call.info) if self.agent_factory is not None else None
+
+    def publish(self, event: Event) -> None:
+        for q in list(self._subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(event)
+
+    # --- CallControl ---------------------------------------------------------------------
+    def list_calls(self) -> list[CallInfo]:
+        return [c.info for c in self.calls.values()]
+
+    def get_call(self, call_id: str) -> CallInfo:
+        return self._call(call_id).info
+
+    def _call(self, call_id: str) -> Call:
+        call = self.calls.get(call_id)
+        if call is None:
+            raise UnknownCall(f"no call {call_id!r}")
+        return call
+
+    async def originate(self, to: str, *, caller: str | None = None) -> CallInfo:
+        if self.originate_hook is None:
+            raise Unavailable("outbound calls are not configured on this gateway")
+        if self.full():
+            raise Unavailable(f"at the call limit ({self.max_calls})")
+        call = await self.originate_hook(to, caller)
+        return call.info
+
+    async def say(self, call_id: str, text: str, *, interrupt: bool = False) -> str:
+        return await self._call(call_id).say(text, interrupt=interrupt)
+
+    async def say_stream(self, call_id: str, chunks: AsyncIterator[str]) -> str:
+        return await self._call(call_id).say_stream(chunks)
+
+    async def send_dtmf(self, call_id: str, digits: str) -> None:
+        bad = sorted(set(digits) - DTMF_KEYS)
+        if not digits or bad:
+            raise BadRequest(f"digits must be 0-9 * # A-D; got {digits!r}")
+        call = self._call(call_id)
+        if call.leg is None or call.info.state == "ended":
+            raise Conflict(f"call {call_id} has no media")
+        await call.leg.send_dtmf(digits)
+
+    async def hangup(self, call_id: str) -> None:
+        await self._call(call_id).hangup("api")
+
+    async def subscribe_events(self) -> AsyncIterator[Event]:
+        q: asyncio.Queue[Event] = asyncio.Queue(EVENT_QUEUE)
+        self._subscribers.add(q)
+        try:
+            while True:
+                yield await q.get()
+        finally:
+            self._subscribers.discard(q)

@@ -1,0 +1,139 @@
+"""Calls over a real bus and worker (stand-in tone engine): agent, playout, DTMF, events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from gateway.calls import Call, CallManager
+from gateway.config import IvrConfig
+from gateway.control import (
+    BadRequest,
+    CallStateChanged,
+    Conflict,
+    DtmfReceived,
+    Event,
+    TextTooLong,
+    Unavailable,
+    UnknownCall,
+    UtteranceFinished,
+    UtteranceStarted,
+)
+from gateway.ivr import IvrAgent
+from synth.bus.base import Bus
+from synth.worker import Worker
+from tests.fakes import ToneEngine
+
+
+class FakeLeg:
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.dtmf: list[str] = []
+
+    async def hangup(self, reason: str) -> None:
+        await self.call.ended(reason)
+
+    async def send_dtmf(self, digits: str) -> None:
+        self.dtmf.append(digits)
+
+
+@pytest.fixture
+async def manager(bus: Bus) -> AsyncIterator[CallManager]:
+    stop = asyncio.Event()
+    worker = Worker(bus, ToneEngine(step_s=0.002), name="w", concurrency=4)
+    task = asyncio.create_task(worker.run(stop))
+    while not worker.ready:
+        await asyncio.sleep(0.01)
+    ivr = IvrConfig(idle_timeout_s=0)
+    yield CallManager(bus, lambda info: IvrAgent(ivr), max_calls=2, max_text_chars=500)
+    stop.set()
+    await task
+
+
+async def tick(call: Call, frames: int) -> np.ndarray:
+    out = []
+    for _ in range(frames):
+        out.append(call.pull_audio(160))
+        await asyncio.sleep(0.002)
+    return np.concatenate(out)
+
+
+async def collect(events: AsyncIterator[Event], into: list[Event]) -> None:
+    async for e in events:
+        into.append(e)
+
+
+async def test_inbound_call_greets_routes_dtmf_and_hangs_up(manager: CallManager) -> None:
+    seen: list[Event] = []
+    watcher = asyncio.create_task(collect(manager.subscribe_events(), seen))
+    await asyncio.sleep(0)
+    call = manager.new_call("sip", "inbound", "sip:alice@example.com", "sip:ivr@gw")
+    call.leg = leg = FakeLeg(call)
+    call.set_state("answered")
+    await call.start(manager.agent_for(call))
+    audio = await tick(call, 60)
+    assert np.abs(audio).max() > 1000  # the greeting is playing
+    assert any(isinstance(e, UtteranceStarted) for e in seen)
+    # A key while the greeting plays interrupts it (fade, not a cut) and routes the menu.
+    call.on_dtmf("0")
+    assert call.playout.speaking  # fading
+    await tick(call, 400)
+    finished = [e for e in seen if isinstance(e, UtteranceFinished)]
+    assert finished[0].outcome == "interrupted" and finished[0].heard
+    # "0" says goodbye, then the IVR hangs up.
+    for _ in range(200):
+        if call.info.state == "ended":
+            break
+        await tick(call, 10)
+    assert call.info.state == "ended" and call.info.end_reason == "ivr"
+    assert manager.list_calls() == []
+    states = [e.state for e in seen if isinstance(e, CallStateChanged)]
+    assert states == ["ringing", "answered", "ended"]
+    assert any(isinstance(e, DtmfReceived) and e.digit == "0" for e in seen)
+    assert leg.dtmf == []
+    watcher.cancel()
+
+
+async def test_control_errors(manager: CallManager) -> None:
+    with pytest.raises(UnknownCall):
+        await manager.say("nope", "hi")
+    call = manager.new_call("sip", "inbound", "a", "b")
+    call.leg = FakeLeg(call)
+    await call.start(None)
+    with pytest.raises(TextTooLong):
+        await manager.say(call.id, "x" * 501)
+    with pytest.raises(BadRequest):
+        await manager.send_dtmf(call.id, "12x")
+    await manager.send_dtmf(call.id, "12#")
+    manager.new_call("sip", "inbound", "a", "b")
+    with pytest.raises(Unavailable):
+        manager.new_call("sip", "inbound", "a", "b")  # max_calls=2
+    with pytest.raises(Unavailable):
+        await manager.originate("sip:bob@example.com")  # no SIP side configured
+    await manager.hangup(call.id)
+    with pytest.raises(UnknownCall):
+        manager.get_call(call.id)
+    with pytest.raises(Conflict):
+        await call.say("too late")
+
+
+async def test_streamed_say_plays_pieces_as_they_complete(manager: CallManager) -> None:
+    call = manager.new_call("sip", "inbound", "a", "b")
+    call.leg = FakeLeg(call)
+    await call.start(None)
+
+    async def tokens() -> AsyncIterator[str]:
+        for t in ["Sure, ", "let me ", "check that. ", "One ", "moment ", "please."]:
+            yield t
+            await asyncio.sleep(0.01)
+
+    await call.say_stream(tokens())
+    assert (
+        len(call.playout.pending_ids()) == 3
+    )  # "Sure," / "let me check that." / "One moment please."
+    audio = await tick(call, 80)
+    assert np.abs(audio).max() > 1000
+    await call.hangup()

@@ -1,0 +1,232 @@
+"""Thin asyncio adapters: a UDP endpoint per call and one shared media ticker.
+
+Everything interesting lives in the sans-I/O classes (:class:`RtpSession`, :class:`Ticker`);
+these only move datagrams and fire timers, in the aioquic ``asyncio/protocol.py`` manner.
+
+Usage (the SIP layer wires it)::
+
+    ticker = MediaTicker()                          # one per process
+    ep = await RtpEndpoint.open("192.0.2.10", port_range=(10000, 20000))
+    sdp_answer = answer(offer, "192.0.2.10", ep.local_port)
+    ep.configure(negotiated(offer, sdp_answer), on_audio=..., on_dtmf=...)
+    ticker.add(ep)                                  # paced from the next grid point
+    ep.session.pacer.enqueue(pcm)                   # agent audio
+    ...
+    ticker.remove(ep); ep.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import secrets
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from gateway.rtp.dtmf import DtmfDigit
+from gateway.rtp.jitter import JitterFrame
+from gateway.rtp.latch import Addr
+from gateway.rtp.pacer import Ticker
+from gateway.rtp.session import JitterConfig, RtpSession, TickResult
+from gateway.sdp import MediaParams
+
+DEFAULT_PORT_RANGE = (10000, 20000)
+log = logging.getLogger(__name__)
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, owner: RtpEndpoint) -> None:
+        self.owner = owner
+
+    def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        self.owner._datagram(data, (addr[0], addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable etc. on a connected-less UDP socket: the peer is not there
+        # (yet); RTP is best-effort, keep going.
+        self.owner.send_errors += 1
+
+
+class RtpEndpoint:
+    """A bound RTP port and the call's :class:`RtpSession` (after :meth:`configure`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.DatagramTransport | None = None
+        self.local_ip = ""
+        self.local_port = 0
+        self.session: RtpSession | None = None
+        self.on_audio: Callable[[JitterFrame], None] | None = None
+        self.on_dtmf: Callable[[DtmfDigit], None] | None = None
+        self.send_errors = 0
+        self.dropped_early = 0
+
+    @classmethod
+    async def open(
+        cls,
+        local_ip: str = "0.0.0.0",
+        port_range: tuple[int, int] = DEFAULT_PORT_RANGE,
+        *,
+        attempts: int = 64,
+    ) -> RtpEndpoint:
+        """Bind an even port in ``[lo, hi)`` (RFC 3550 §11: RTP on even ports, RTCP on the
+        next odd one), starting at a random one; raises OSError if none is free."""
+        loop = asyncio.get_running_loop()
+        self = cls(loop)
+        lo, hi = port_range
+        evens = list(range(lo + (lo & 1), hi, 2))
+        if not evens:
+            raise ValueError(f"no even port in range {port_range}")
+        first = secrets.randbelow(len(evens))
+        family = socket.AF_INET6 if ipaddress.ip_address(local_ip).version == 6 else socket.AF_INET
+        last_exc: OSError | None = None
+        for i in range(min(attempts, len(evens))):
+            port = evens[(first + i) % len(evens)]
+            try:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda: _Protocol(self), local_addr=(local_ip, port), family=family
+                )
+            except OSError as exc:
+                last_exc = exc
+                continue
+            self.transport = transport
+            self.local_ip = local_ip
+            self.local_port = transport.get_extra_info("sockname")[1]
+            return self
+        raise OSError(f"no free RTP port in {port_range} after {attempts} tries") from last_exc
+
+    def configure(
+        self,
+        params: MediaParams,
+        *,
+        jitter: JitterConfig | None = None,
+        on_audio: Callable[[JitterFrame], None] | None = None,
+        on_dtmf: Callable[[DtmfDigit], None] | None = None,
+        cn: bool = False,
+    ) -> RtpSession:
+        """Create (or, on a re-INVITE, update) the session from the negotiated parameters."""
+        if on_audio is not None:
+            self.on_audio = on_audio
+        if on_dtmf is not None:
+            self.on_dtmf = on_dtmf
+        if self.session is None:
+            self.session = RtpSession(params, jitter=jitter, cn=cn)
+        else:
+            self.session.update(params)
+        return self.session
+
+    # -- inbound ---------------------------------------------------------------------------
+    def _datagram(self, data: bytes, addr: Addr) -> None:
+        session = self.session
+        if session is None:
+            self.dropped_early += 1  # media before the answer was built: nothing to do yet
+            return
+        digits = session.receive(data, addr, self._loop.time())
+        if digits and self.on_dtmf is not None:
+            for d in digits:
+                self.on_dtmf(d)
+
+    # -- Scheduled protocol (driven by MediaTicker) ----------------------------------------
+    @property
+    def next_due(self) -> float:
+        return self.session.next_due if self.session is not None else float("inf")
+
+    def start(self, at: float) -> None:
+        if self.session is None:
+            raise RuntimeError("configure() the endpoint before adding it to the ticker")
+        self.session.start(at)
+
+    def tick(self, now: float) -> TickResult | None:
+        session = self.session
+        if session is None:
+            return None
+        result = session.tick(now)
+        if result.packet is not None and self.transport is not None:
+            remote = session.remote
+            if remote is not None:
+                self.transport.sendto(result.packet, remote)
+        try:
+            if self.on_audio is not None:
+                self.on_audio(result.frame)
+            if result.digits and self.on_dtmf is not None:
+                for d in result.digits:
+                    self.on_dtmf(d)
+        except Exception:
+            # One call's consumer must not stop the ticker that paces every other call.
+            log.exception("media callback failed on port %d", self.local_port)
+        return result
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+
+
+class MediaTicker:
+    """One timer for every call: sleeps until the earliest due packet (``loop.call_at``),
+    sends everything due, re-arms.  No per-call task, no ``sleep(0.02)`` loops.
+
+    ``error`` (a :class:`SendTimeStats`) holds the send-time error of every packet:
+    ``loop.time()`` just before the call's tick (its ``sendto``) minus its schedule.
+    ``batch_max_s`` is the longest wake-up (all due calls' work together).
+    """
+
+    def __init__(self, *, align: float = 0.002, slack: float = 0.001, period: float = 0.02) -> None:
+        self._ticker: Ticker[RtpEndpoint] = Ticker(align=align, slack=slack, period=period)
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.batch_max_s = 0.0
+
+    @property
+    def error(self) -> Any:
+        return self._ticker.error
+
+    @property
+    def wakeups(self) -> int:
+        return self._ticker.wakeups
+
+    def __len__(self) -> int:
+        return len(self._ticker)
+
+    def add(self, endpoint: RtpEndpoint) -> float:
+        """Start pacing ``endpoint`` from the next grid point; returns its start time."""
+        loop = self._loop = asyncio.get_running_loop()
+        at = self._ticker.add(endpoint, loop.time())
+        self._arm()
+        return at
+
+    def remove(self, endpoint: RtpEndpoint) -> None:
+        self._ticker.remove(endpoint)
+        self._arm()
+
+    def _arm(self) -> None:
+        due = self._ticker.next_due()
+        if due is not None and due == self._armed_at and self._handle is not None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+            self._armed_at = None
+        if due is None or self._loop is None:
+            return
+        self._handle = self._loop.call_at(due, self._wake)
+        self._armed_at = due
+
+    def _wake(self) -> None:
+        self._handle = None
+        self._armed_at = None
+        assert self._loop is not None
+        now = self._loop.time()
+        try:
+            self._ticker.run(now, self._loop.time)
+        finally:
+            self.batch_max_s = max(self.batch_max_s, self._loop.time() - now)
+            self._arm()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

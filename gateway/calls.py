@@ -358,11 +358,26 @@ class CallManager:
     async def hangup(self, call_id: str) -> None:
         await self._call(call_id).hangup("api")
 
-    async def subscribe_events(self) -> AsyncIterator[Event]:
-        q: asyncio.Queue[Event] = asyncio.Queue(EVENT_QUEUE)
-        self._subscribers.add(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._subscribers.discard(q)
+    def subscribe_events(self) -> EventSubscription:
+        """Events from this call on (the subscriber is registered before this returns)."""
+        return EventSubscription(self._subscribers)
+
+
+class EventSubscription:
+    """An async iterator of events; registered at creation, removed by ``aclose``."""
+
+    def __init__(self, registry: set[asyncio.Queue[Event]]) -> None:
+        self._registry = registry
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(EVENT_QUEUE)
+        registry.add(self._queue)
+
+    def __aiter__(self) -> EventSubscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._queue not in self._registry:
+            raise StopAsyncIteration
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        self._registry.discard(self._queue)

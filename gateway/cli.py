@@ -22,8 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub.required = True
 
     import dsp.commands
+    import gateway.commands
     import synth.commands
 
+    gateway.commands.register(sub, bench_sub)
     dsp.commands.register(sub, bench_sub)
     synth.commands.register(sub, bench_sub)
     return parser

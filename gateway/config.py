@@ -125,6 +125,8 @@ class GatewayConfig:
     register_expires_s: int = 600
     # SIP identity for outbound calls and registration.
     from_user: str = "voxgate"
+    # Ring (180) this long before answering an incoming call, as a person would; 0 answers at once.
+    answer_delay_ms: int = 0
 
     def validate(self) -> None:
         for key, value in (
@@ -143,6 +145,10 @@ class GatewayConfig:
         if self.register and not self.trunk:
             raise ConfigError("gateway.register: needs gateway.trunk")
         _positive("gateway.register_expires_s", self.register_expires_s)
+        if not 0 <= self.answer_delay_ms <= 60000:
+            raise ConfigError(
+                f"gateway.answer_delay_ms: must be 0-60000, got {self.answer_delay_ms}"
+            )
 
 
 @dataclass

@@ -31,10 +31,6 @@ def register(sub: SubParsers, bench_sub: SubParsers) -> None:
     add_config_arguments(p)
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("serve", help="run the gateway with an in-process worker (embedded bus)")
-    add_config_arguments(p)
-    p.set_defaults(func=cmd_serve)
-
     p = bench_sub.add_parser(
         "synth", help="TTFA streaming vs baseline, RTF, TTFA under concurrency"
     )
@@ -91,14 +87,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     cfg = _setup(args)
     cfg.bus.kind = "redis"
     cfg.validate()
-    return run(run_worker(cfg))
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from synth.app import run, run_worker
-
-    cfg = _setup(args)
-    cfg.bus.kind = "memory"
     return run(run_worker(cfg))
 
 

@@ -172,6 +172,9 @@ class Pacer:
         self._err_max = 0.0
         self._sent = self._audio = self._silent = self._dtmf_sent = self._cn = 0
         self.underruns = 0
+        # Optional pull source: called once per due tick for ``spf`` samples of int16 PCM
+        # (silence when there is nothing to say); the call's playout in the gateway.
+        self.source: Callable[[int], npt.NDArray[np.int16]] | None = None
         self.skipped_ticks = 0
         self.late_sends = 0
 
@@ -281,6 +284,14 @@ class Pacer:
             self.late_sends += 1
         self._n = k + 1
         ts = self.ts0 + k * self.spf
+        if self.source is not None:
+            # Pull mode: the call's playout hands over exactly one frame per tick, so a fade or
+            # a dropped utterance takes effect on the very next packet (no queue to flush).
+            pcm = self.source(self.spf)
+            if pcm.any():
+                self.enqueue(pcm)
+            elif not self._queue:
+                self.end_utterance()  # the source counts its own underruns; don't double up
         pt, marker, payload, ts = self._next_payload(ts)
         if payload is None or not self.sending:
             return None

@@ -1,0 +1,99 @@
+"""The gateway process: SIP user agent, media ticker, calls with their agents, control API.
+
+``voxgate serve`` runs it with an in-process worker over the in-memory bus (one process holds
+everything); ``voxgate gateway --redis URL`` runs it alone against workers elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from gateway.api import check_bind_safety, make_app, start_api, stop_api
+from gateway.calls import CallManager
+from gateway.config import Config, parse_hostport
+from gateway.ivr import IvrAgent
+from gateway.rtp.endpoint import MediaTicker
+from gateway.sip_ua import SipUA
+from synth.app import build_bus, build_engine, build_worker, install_stop_signals
+
+log = logging.getLogger("voxgate.gateway")
+
+
+class Gateway:
+    def __init__(self, cfg: Config, bus: object) -> None:
+        from synth.bus.base import Bus
+
+        assert isinstance(bus, Bus)
+        self.cfg = cfg
+        self.bus = bus
+        ivr = cfg.ivr
+        self.manager = CallManager(
+            bus, lambda info: IvrAgent(ivr), max_calls=cfg.gateway.max_calls,
+            max_text_chars=cfg.synth.max_text_chars,
+        )  # fmt: skip
+        self.ticker = MediaTicker()
+        self.ua = SipUA(cfg.gateway, self.manager, self.ticker)
+        self.runner: web.AppRunner | None = None
+        self.http_port = 0
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready when the bus answers and at least one warmed-up worker is serving."""
+        bus_ok = await self.bus.ping()
+        workers = await self.bus.ready_workers() if bus_ok else []
+        ready = bus_ok and bool(workers)
+        body = {
+            "ready": ready,
+            "bus": bus_ok,
+            "workers": len(workers),
+            "calls": len(self.manager.calls),
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def start(self) -> None:
+        g = self.cfg.gateway
+        host, port = parse_hostport("gateway.http_listen", g.http_listen)
+        check_bind_safety(host, g.api_token or None)  # before anything listens
+        await self.ua.start()
+        app = make_app(
+            self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
+            extra_routes=[web.get("/readyz", self.readyz)],
+        )  # fmt: skip
+        self.runner = await start_api(app, host, port)
+        addresses = self.runner.addresses
+        self.http_port = int(addresses[0][1]) if addresses else port
+        log.info("control API on http://%s:%d", host, self.http_port)
+
+    async def close(self) -> None:
+        await self.ua.close()
+        self.ticker.close()
+        if self.runner is not None:
+            await stop_api(self.runner)
+
+
+async def run_gateway(cfg: Config, *, embedded_worker: bool) -> int:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    bus = build_bus(cfg)
+    await bus.start()
+    worker_task: asyncio.Task[None] | None = None
+    gw = Gateway(cfg, bus)
+    try:
+        if embedded_worker:
+            engine = await asyncio.to_thread(build_engine, cfg)
+            worker = build_worker(cfg, bus, engine)
+            worker_task = asyncio.create_task(worker.run(stop))
+        await gw.start()
+        log.info("gateway ready: SIP %s, HTTP %s", cfg.gateway.sip_listen, cfg.gateway.http_listen)
+        await stop.wait()
+    finally:
+        await gw.close()
+        stop.set()
+        if worker_task is not None:
+            with contextlib.suppress(Exception):
+                await worker_task
+        await bus.close()
+    return 0

@@ -1,0 +1,506 @@
+"""The SIP user agent: answers and places calls (the transaction user over ``gateway.sip``).
+
+UAS (RFC 3261 §8.2, §13.3, §15): INVITE → 100 (the layer) → [180 while ringing] → 200 with the
+SDP answer; ACK starts the agent; BYE → 200; CANCEL → 487; OPTIONS → 200 with Allow/Accept;
+re-INVITE → new answer (hold/unhold); INFO with DTMF → 200; 481 for requests in no dialog;
+405 (with Allow) for other methods; 503 with Retry-After above the call limit; 400 for a bad SDP
+and 488 when no codec is common (RFC 3264 §6).
+UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
+(RFC 8760), CANCEL while ringing, BYE once up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass, field
+
+from gateway import sdp
+from gateway.calls import Call, CallManager
+from gateway.config import GatewayConfig, parse_hostport
+from gateway.control import Unavailable
+from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
+from gateway.sip import (
+    CancelReceived,
+    Dialog,
+    DigestAuthenticator,
+    Event,
+    Headers,
+    NameAddr,
+    Request,
+    RequestReceived,
+    Response,
+    ResponseReceived,
+    SipParseError,
+    SipUri,
+    TransactionLayer,
+    TransactionTimeout,
+    TransportError,
+    generate_branch,
+    generate_call_id,
+    generate_tag,
+    make_cancel,
+    make_dialog_response,
+    make_response,
+    no_dialog_response,
+    parse_uri,
+    uas_dialog_id,
+)
+from gateway.sip.message import Address
+from gateway.sip_transport import SipTransport, local_ip_for
+
+log = logging.getLogger("voxgate.sip")
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
+RETRY_AFTER_S = 5
+USER_AGENT = "voxgate/0.1"
+
+
+@dataclass
+class SipLeg:
+    """One SIP call: its dialog, the INVITE transaction, and its RTP endpoint."""
+
+    ua: SipUA
+    call: Call
+    invite: Request
+    peer: Address  # where the INVITE came from / went to
+    local_ip: str
+    endpoint: RtpEndpoint | None = None
+    dialog: Dialog | None = None
+    local_tag: str = ""
+    invite_tid: str | None = None
+    local_sdp: sdp.SessionDescription | None = None
+    answered: bool = False
+    ended: bool = False
+    ring_task: asyncio.Task[None] | None = None
+    auth: DigestAuthenticator | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    # --- Leg protocol --------------------------------------------------------------------
+    async def hangup(self, reason: str) -> None:
+        if self.ended:
+            return
+        if self.call.info.direction == "outbound" and not self.answered:
+            if self.invite_tid is not None:
+                # §9.1: CANCEL a pending INVITE (only after a provisional response, but the
+                # layer's CANCEL is harmless before: the callee answers it 481 or 200).
+                self.ua.transport.send_request(make_cancel(self.invite), self.peer)
+            await self.end(reason)
+            return
+        if self.call.info.direction == "inbound" and not self.answered and self.invite_tid:
+            self.ua.transport.send_response(self.invite_tid, make_response(self.invite, 480))
+            await self.end(reason)
+            return
+        if self.dialog is not None:
+            bye = self.dialog.create_request("BYE", sent_by=self.ua.sent_by(self.local_ip))
+            self.ua.transport.send_request(bye, self.ua.in_dialog_addr(self))
+        await self.end(reason)
+
+    async def send_dtmf(self, digits: str) -> None:
+        session = self.endpoint.session if self.endpoint else None
+        if session is None:
+            raise Unavailable("no media session")
+        for d in digits:
+            session.pacer.send_dtmf(d)
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def end(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.ring_task is not None:
+            self.ring_task.cancel()
+        if self.endpoint is not None:
+            self.ua.ticker.remove(self.endpoint)
+            self.endpoint.close()
+        if self.dialog is not None:
+            self.ua.dialogs.pop(self.dialog.id, None)
+        self.ua.legs.discard(self)
+        await self.call.ended(reason)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class SipUA:
+    def __init__(self, cfg: GatewayConfig, manager: CallManager, ticker: MediaTicker) -> None:
+        self.cfg = cfg
+        self.manager = manager
+        self.ticker = ticker
+        self.layer = TransactionLayer()
+        self.transport: SipTransport
+        self.dialogs: dict[object, SipLeg] = {}
+        self.legs: set[SipLeg] = set()
+        self.pending_invites: dict[str, SipLeg] = {}  # server INVITE tid -> leg (not yet ACKed)
+        self.client_invites: dict[str, SipLeg] = {}  # client INVITE tid -> leg
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Ring this long (180 Ringing) before answering; a CANCEL in that window gets 487.
+        self.answer_delay_s = cfg.answer_delay_ms / 1000
+
+    async def start(self) -> None:
+        host, port = parse_hostport("gateway.sip_listen", self.cfg.sip_listen)
+        self.transport = SipTransport(self.layer, self._on_event)
+        await self.transport.listen(host, port)
+        self.manager.originate_hook = self.originate
+        log.info("SIP listening on %s:%d (UDP and TCP)", host, self.transport.port)
+
+    async def close(self) -> None:
+        for leg in list(self.legs):
+            with contextlib.suppress(Exception):
+                await leg.hangup("shutdown")
+        await self.transport.close()
+
+    # --- helpers -------------------------------------------------------------------------
+    def local_address(self, peer_ip: str) -> str:
+        return self.cfg.public_address or local_ip_for(peer_ip)
+
+    def sent_by(self, local_ip: str) -> str:
+        host = f"[{local_ip}]" if ":" in local_ip else local_ip
+        return f"{host}:{self.transport.port}"
+
+    def contact(self, local_ip: str, user: str | None = None) -> NameAddr:
+        return NameAddr.parse(f"<sip:{user or self.cfg.from_user}@{self.sent_by(local_ip)}>")
+
+    def in_dialog_addr(self, leg: SipLeg) -> Address:
+        """Where in-dialog requests go: the remote target (or first route), resolved; the
+        INVITE's source when the target cannot be resolved (NATed phones)."""
+        assert leg.dialog is not None
+        return resolve_uri(leg.dialog.next_hop(), leg.peer)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _respond(self, tid: str | None, response: Response) -> None:
+        if tid is not None:
+            response.headers.set("User-Agent", USER_AGENT)
+            self.transport.send_response(tid, response)
+
+    # --- events from the transaction layer -----------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, RequestReceived):
+            self._on_request(event)
+        elif isinstance(event, CancelReceived):
+            leg = self.pending_invites.pop(event.transaction_id, None)
+            if leg is not None and not leg.answered:
+                # §9.2: the layer answered the CANCEL 200; the INVITE gets 487.
+                self._respond(event.transaction_id, make_response(leg.invite, 487))
+                self._spawn(leg.end("cancelled"))
+        elif isinstance(event, ResponseReceived):
+            self._on_response(event)
+        elif isinstance(event, TransactionTimeout | TransportError):
+            self._on_failure(event.transaction_id, event)
+
+    def _on_request(self, ev: RequestReceived) -> None:
+        req, tid = ev.request, ev.transaction_id
+        did = uas_dialog_id(req)
+        if did is not None:
+            leg = self.dialogs.get(did)
+            if leg is None:
+                if req.method != "ACK":  # an ACK is never answered (§17.2.3)
+                    self._respond(tid, no_dialog_response(req))
+                return
+            self._in_dialog(leg, req, tid, ev.addr)
+            return
+        method = req.method
+        if method == "INVITE":
+            self._spawn(self._incoming_invite(req, tid, ev.addr))
+        elif method == "OPTIONS":
+            self._respond(tid, make_response(req, 200, headers=[
+                ("Allow", ALLOW), ("Accept", "application/sdp"), ("Accept-Language", "en"),
+                ("Supported", ""),
+            ]))  # fmt: skip
+        elif method == "ACK":
+            return
+        elif method in ("BYE", "INFO"):
+            self._respond(tid, make_response(req, 481))
+        else:
+            self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
+
+    async def _incoming_invite(self, req: Request, tid: str | None, addr: Address) -> None:
+        if tid is None:
+            return
+        if self.manager.full():
+            self._respond(
+                tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
+            )
+            return
+        if not req.body:
+            self._respond(tid, make_response(req, 488, headers=[
+                ("Warning", '399 voxgate "An SDP offer is required"')]))  # fmt: skip
+            return
+        try:
+            offer = sdp.parse(req.body)
+        except sdp.SdpError as exc:
+            self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
+            return
+        local_ip = self.local_address(addr[0])
+        try:
+            endpoint = await RtpEndpoint.open(
+                bind_ip(self.cfg, local_ip), (self.cfg.rtp_port_min, self.cfg.rtp_port_max)
+            )
+        except OSError:
+            log.exception("no RTP port for an incoming call")
+            self._respond(
+                tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
+            )
+            return
+        try:
+            answer = sdp.answer(offer, local_ip, endpoint.local_port)
+            params = sdp.negotiated(offer, answer)
+        except sdp.SdpNegotiationError as exc:
+            endpoint.close()
+            self._respond(tid, make_response(req, 488, headers=[
+                ("Warning", f'305 voxgate "{exc}"'[:200])]))  # fmt: skip
+            return
+        try:
+            call = self.manager.new_call("sip", "inbound", str(req.from_addr.uri), str(req.uri))
+        except Unavailable:
+            endpoint.close()
+            self._respond(
+                tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
+            )
+            return
+        leg = SipLeg(self, call, req, addr, local_ip, endpoint=endpoint, local_tag=generate_tag(),
+                     invite_tid=tid, local_sdp=answer)  # fmt: skip
+        call.leg = leg
+        call.set_codec(params.codec)
+        self.legs.add(leg)
+        self.pending_invites[tid] = leg
+        endpoint.configure(params, on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms))
+        attach_source(endpoint, call)
+        try:
+            contact = self.contact(local_ip, req.uri.user if isinstance(req.uri, SipUri) else None)
+            leg.dialog = Dialog.from_uas_request(req, leg.local_tag, contact)
+        except SipParseError as exc:
+            self.pending_invites.pop(tid, None)
+            self._respond(tid, make_response(req, 400, str(exc)[:120]))
+            await leg.end("bad request")
+            return
+        self.dialogs[leg.dialog.id] = leg
+        if self.answer_delay_s > 0:
+            self._respond(
+                tid, make_dialog_response(req, 180, to_tag=leg.local_tag, contact=contact)
+            )
+            await asyncio.sleep(self.answer_delay_s)
+            if leg.ended:
+                return
+        ok = make_dialog_response(
+            req, 200, to_tag=leg.local_tag, contact=contact, body=bytes(answer),
+            headers=[("Content-Type", "application/sdp"), ("Allow", ALLOW)],
+        )  # fmt: skip
+        self._respond(tid, ok)
+        self.ticker.add(endpoint)  # media flows from the 200 on (silence until the agent talks)
+
+    def _in_dialog(self, leg: SipLeg, req: Request, tid: str | None, addr: Address) -> None:
+        assert leg.dialog is not None
+        if req.method == "ACK":
+            if not leg.answered and leg.invite_tid is not None:
+                self.pending_invites.pop(leg.invite_tid, None)
+                leg.answered = True
+                leg.call.set_state("answered")
+                self._spawn(leg.call.start(self.manager.agent_for(leg.call)))
+            return
+        problem = leg.dialog.receive_request(req)
+        if problem is not None:
+            self._respond(tid, problem)
+            return
+        if req.method == "BYE":
+            self._respond(tid, make_response(req, 200))
+            self._spawn(leg.end("remote hangup"))
+        elif req.method == "INVITE":
+            self._reinvite(leg, req, tid)
+        elif req.method == "INFO":
+            digit = info_dtmf(req)
+            if digit is None:
+                self._respond(tid, make_response(req, 415, headers=[
+                    ("Accept", "application/dtmf-relay, application/dtmf")]))  # fmt: skip
+                return
+            self._respond(tid, make_response(req, 200))
+            leg.call.on_dtmf(digit, source="info")
+        elif req.method == "OPTIONS":
+            self._respond(tid, make_response(req, 200, headers=[("Allow", ALLOW)]))
+        else:
+            self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
+
+    def _reinvite(self, leg: SipLeg, req: Request, tid: str | None) -> None:
+        """§14.2: a re-INVITE changes the session (hold/unhold per RFC 3264 §8.4)."""
+        assert leg.dialog is not None and leg.endpoint is not None
+        if not req.body:
+            answer = leg.local_sdp  # an offerless re-INVITE: offer our current session again
+            assert answer is not None
+        else:
+            try:
+                offer = sdp.parse(req.body)
+                answer = sdp.answer(offer, leg.local_ip, leg.endpoint.local_port,
+                                    previous=leg.local_sdp)  # fmt: skip
+                params = sdp.negotiated(offer, answer)
+            except sdp.SdpError as exc:
+                self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
+                return
+            except sdp.SdpNegotiationError as exc:
+                self._respond(tid, make_response(req, 488, headers=[
+                    ("Warning", f'305 voxgate "{exc}"'[:200])]))  # fmt: skip
+                return
+            leg.endpoint.configure(params)
+            leg.local_sdp = answer
+            leg.call.set_state("held" if params.on_hold else "answered")
+        contact = leg.dialog.local_contact
+        self._respond(tid, make_dialog_response(
+            req, 200, to_tag=leg.local_tag, contact=contact, body=bytes(answer),
+            headers=[("Content-Type", "application/sdp")],
+        ))  # fmt: skip
+
+    # --- UAC -----------------------------------------------------------------------------
+    async def originate(self, to: str, caller: str | None = None) -> Call:
+        try:
+            target = parse_uri(to)
+        except SipParseError as exc:
+            raise Unavailable(f"bad target URI {to!r}: {exc}") from None
+        if not isinstance(target, SipUri):
+            raise Unavailable(f"only sip:/sips: targets are supported, got {to!r}")
+        hop_uri = parse_uri(self.cfg.trunk) if self.cfg.trunk else target
+        peer = resolve_uri(hop_uri, None)
+        local_ip = self.local_address(peer[0])
+        endpoint = await RtpEndpoint.open(
+            bind_ip(self.cfg, local_ip), (self.cfg.rtp_port_min, self.cfg.rtp_port_max)
+        )
+        offer = sdp.make_offer(local_ip, endpoint.local_port)
+        user = caller or self.cfg.from_user
+        h = Headers()
+        h.add("Via", f"SIP/2.0/UDP {self.sent_by(local_ip)};branch={generate_branch()};rport")
+        h.add("Max-Forwards", "70")
+        h.add("From", f"<sip:{user}@{self.sent_by(local_ip)}>;tag={generate_tag()}")
+        h.add("To", f"<{target}>")
+        h.add("Call-ID", generate_call_id(local_ip))
+        h.add("CSeq", "1 INVITE")
+        h.add("Contact", str(self.contact(local_ip, user)))
+        h.add("Allow", ALLOW)
+        h.add("User-Agent", USER_AGENT)
+        h.add("Content-Type", "application/sdp")
+        invite = Request("INVITE", target, h, bytes(offer))
+        call = self.manager.new_call("sip", "outbound", str(target), f"sip:{user}@{local_ip}")
+        leg = SipLeg(self, call, invite, peer, local_ip, endpoint=endpoint, local_sdp=offer)
+        if self.cfg.trunk_username:
+            leg.auth = DigestAuthenticator(self.cfg.trunk_username, self.cfg.trunk_password)
+        call.leg = leg
+        self.legs.add(leg)
+        self._send_invite(leg, invite)
+        return call
+
+    def _send_invite(self, leg: SipLeg, invite: Request) -> None:
+        leg.invite = invite
+        tid = self.transport.send_request(invite, leg.peer)
+        leg.invite_tid = tid
+        self.client_invites[tid] = leg
+
+    def _on_response(self, ev: ResponseReceived) -> None:
+        resp = ev.response
+        if ev.transaction_id is None:
+            return  # a stray 2xx (late fork): nothing of ours
+        leg = self.client_invites.get(ev.transaction_id)
+        if leg is None or resp.cseq.method != "INVITE":
+            return
+        status = resp.status
+        if status < 200:
+            return  # ringing: the call is already in state "ringing"
+        if status >= 300:
+            self.client_invites.pop(ev.transaction_id, None)
+            if status in (401, 407) and leg.auth is not None and not leg.ended:
+                retry = leg.auth.authorize(leg.invite, resp)
+                if retry is not None:
+                    self._send_invite(leg, retry)
+                    return
+            self._spawn(leg.end(f"{status} {resp.reason}"))
+            return
+        # 2xx: confirm the dialog, ACK it (§13.2.2.4), start media and the agent.
+        if leg.dialog is None:
+            try:
+                leg.dialog = Dialog.from_uac_response(leg.invite, resp)
+            except SipParseError as exc:
+                log.warning("bad 2xx to our INVITE: %s", exc)
+                self._spawn(leg.end("bad answer"))
+                return
+            self.dialogs[leg.dialog.id] = leg
+        ack = leg.dialog.create_ack(leg.invite, sent_by=self.sent_by(leg.local_ip))
+        self.transport.send_stateless(ack, self.in_dialog_addr(leg))
+        if leg.answered or leg.ended:
+            return  # a retransmitted 2xx: the ACK again is all it needs
+        assert leg.endpoint is not None and leg.local_sdp is not None
+        try:
+            params = sdp.negotiated(sdp.parse(resp.body), leg.local_sdp)
+        except (sdp.SdpError, sdp.SdpNegotiationError) as exc:
+            log.warning("unusable SDP answer: %s", exc)
+            self._spawn(leg.hangup("bad SDP answer"))
+            return
+        leg.endpoint.configure(params, on_dtmf=lambda d: leg.call.on_dtmf(d.digit, d.duration_ms))
+        attach_source(leg.endpoint, leg.call)
+        leg.call.set_codec(params.codec)
+        self.ticker.add(leg.endpoint)
+        leg.answered = True
+        leg.call.set_state("answered")
+        self._spawn(leg.call.start(self.manager.agent_for(leg.call)))
+
+    def _on_failure(self, tid: str, event: Event) -> None:
+        leg = self.client_invites.pop(tid, None)
+        if leg is not None and not leg.answered:
+            self._spawn(
+                leg.end("timeout" if isinstance(event, TransactionTimeout) else "unreachable")
+            )
+            return
+        leg = self.pending_invites.pop(tid, None)
+        if leg is not None and isinstance(event, TransactionTimeout) and event.timer == "L":
+            # §13.3.1.4: no ACK for our 2xx: the dialog is confirmed; end it with a BYE.
+            self._spawn(leg.hangup("no ACK"))
+
+
+def bind_ip(cfg: GatewayConfig, local_ip: str) -> str:
+    """RTP binds the SIP listen address when it is specific, else every interface."""
+    host, _ = parse_hostport("gateway.sip_listen", cfg.sip_listen)
+    return host if host not in ("0.0.0.0", "::") else ("::" if ":" in local_ip else "0.0.0.0")
+
+
+def resolve_uri(uri: object, fallback: Address | None) -> Address:
+    """A SIP URI's host:port as an address (A/AAAA lookup; no RFC 3263 NAPTR/SRV)."""
+    if not isinstance(uri, SipUri):
+        if fallback is None:
+            raise Unavailable(f"cannot route to {uri}")
+        return fallback
+    port = uri.port or (5061 if uri.secure else 5060)
+    host = uri.host_for_connect
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError:
+        if fallback is None:
+            raise Unavailable(f"cannot resolve {host}") from None
+        return fallback
+    addr = info[0][4]
+    return (str(addr[0]), int(addr[1]))
+
+
+def info_dtmf(req: Request) -> str | None:
+    """The digit of a SIP INFO DTMF body (application/dtmf-relay or application/dtmf)."""
+    ctype = (req.content_type or "").split(";")[0].strip().lower()
+    text = req.body.decode("utf-8", "replace")
+    digit = ""
+    if ctype == "application/dtmf-relay":
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip().lower() == "signal":
+                digit = value.strip()
+    elif ctype == "application/dtmf":
+        digit = text.strip()
+    else:
+        return None
+    digit = {"10": "*", "11": "#"}.get(digit, digit).upper()
+    return digit if len(digit) == 1 and digit in "0123456789*#ABCD" else None
+
+
+def attach_source(endpoint: RtpEndpoint, call: Call) -> None:
+    """Let the pacer pull the call's agent audio one frame per tick."""
+    session = endpoint.session
+    assert session is not None
+    session.pacer.source = call.pull_audio

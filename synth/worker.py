@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -104,6 +105,7 @@ class Worker:
         self._threads = max(1, min(concurrency, os.cpu_count() or 1))
         self._executor: PriorityExecutor | None = None  # exists while run() does
         self._active: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, asyncio.Task[None]] = {}  # delivery id -> its task
         self._slot_freed = asyncio.Event()
         self.ready = False
         self.voice_names = {"", getattr(engine, "voice", "")}
@@ -175,12 +177,16 @@ class Worker:
             self._executor = None
 
     def _spawn(self, delivery: Delivery) -> None:
+        if delivery.id in self._in_flight:
+            return  # already ours and in progress (claimed back from ourselves)
         task = asyncio.create_task(self._handle(delivery))
         self._active.add(task)
-        task.add_done_callback(self._done)
+        self._in_flight[delivery.id] = task
+        task.add_done_callback(functools.partial(self._done, delivery_id=delivery.id))
 
-    def _done(self, task: asyncio.Task[None]) -> None:
+    def _done(self, task: asyncio.Task[None], *, delivery_id: str) -> None:
         self._active.discard(task)
+        self._in_flight.pop(delivery_id, None)
         self._slot_freed.set()
 
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
@@ -206,6 +212,12 @@ class Worker:
                 await asyncio.wait_for(stop.wait(), period)
             if stop.is_set():
                 return
+            try:
+                # Keep our in-flight requests from looking idle: a long utterance must not be
+                # claimed by another worker while this one is still rendering it.
+                await self.bus.touch(self.name, list(self._in_flight))
+            except BusError as exc:
+                log.warning("touch failed: %s", exc)
             free = self.concurrency - len(self._active)
             if free <= 0:
                 continue

@@ -103,6 +103,11 @@ class Bus(abc.ABC):
         """Take over requests left unacknowledged by a dead consumer (XAUTOCLAIM)."""
 
     @abc.abstractmethod
+    async def touch(self, consumer: str, delivery_ids: list[str]) -> None:
+        """Reset the idle time of deliveries ``consumer`` is still working on, so a long
+        utterance is not claimed away from a live worker (XCLAIM ... 0 JUSTID)."""
+
+    @abc.abstractmethod
     async def ack(self, delivery_id: str) -> None: ...
 
     @abc.abstractmethod

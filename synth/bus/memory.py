@@ -175,6 +175,15 @@ class MemoryBus(Bus):
                 out.append(delivery_from_fields(entry_id, p.fields, p.deliveries))
         return out
 
+    async def touch(self, consumer: str, delivery_ids: list[str]) -> None:
+        self._check_open()
+        now = time.monotonic()
+        for entry_id in delivery_ids:
+            p = self._pel.get(entry_id)
+            if p is not None:
+                # Like XCLAIM ... 0 JUSTID: owner set, idle reset, delivery count unchanged.
+                p.consumer, p.delivered_at = consumer, now
+
     async def ack(self, delivery_id: str) -> None:
         self._check_open()
         self._pel.pop(delivery_id, None)

@@ -384,6 +384,15 @@ class RedisBus(Bus):
             out.append(delivery_from_fields(entry_id, fields, deliveries))
         return out
 
+    async def touch(self, consumer: str, delivery_ids: list[str]) -> None:
+        if not delivery_ids:
+            return
+        with self._errors("touch"):
+            # XCLAIM with min-idle 0 and JUSTID resets the idle time without counting a new
+            # delivery: the entry stays ours while we are still rendering it.
+            ids: list[int | bytes | str | memoryview[int]] = list(delivery_ids)
+            await self._redis.xclaim(self.request_stream, GROUP, consumer, 0, ids, justid=True)
+
     async def ack(self, delivery_id: str) -> None:
         with self._errors("ack"):
             await self._redis.xack(self.request_stream, GROUP, delivery_id)

@@ -354,3 +354,16 @@ async def test_heartbeat_ready_workers_expiry_and_retire(bus: Bus) -> None:
 
 async def test_ping(bus: Bus) -> None:
     assert await bus.ping()
+
+
+async def test_touch_keeps_a_delivery_from_being_claimed(bus: Bus) -> None:
+    await bus.submit(speak(1))
+    (d,) = await bus.read_requests("w1", 1, 100)
+    await asyncio.sleep(0.15)
+    await bus.touch("w1", [d.id])
+    # Idle since the touch is < 100 ms: another worker cannot claim it.
+    assert await bus.claim_stale("w2", 100, 10) == []
+    await asyncio.sleep(0.15)
+    (claimed,) = await bus.claim_stale("w2", 100, 10)
+    assert claimed.id == d.id and claimed.deliveries == 2
+    await bus.touch("w1", [])  # nothing to touch is fine

@@ -239,3 +239,24 @@ async def test_concurrent_calls_each_get_their_own_audio(bus: Bus) -> None:
     for i, msgs in enumerate(results):
         assert all(m.call_id == f"call{i}" for m in msgs)
         assert isinstance(msgs[-1], UtteranceEnd) and msgs[-1].reason == "done"
+
+
+async def test_slow_utterance_is_not_claimed_from_a_live_worker(bus: Bus) -> None:
+    # Rendering takes ~1.5 s, five times claim_idle_ms: the live worker keeps it (touch), so
+    # neither it nor a second worker renders the utterance twice.
+    r = req(" ".join(["slow"] * 30))
+    sub = await bus.subscribe(r.call_id)
+    a = Worker(bus, ToneEngine(step_s=0.05), name="a", claim_idle_ms=300)
+    b = Worker(bus, ToneEngine(step_s=0.05), name="b", claim_idle_ms=300)
+    async with running(a), running(b):
+        await bus.submit(r)
+        msgs: list[AudioMessage] = []
+        while not msgs or not isinstance(msgs[-1], UtteranceEnd):
+            m = await sub.get(10)
+            assert m is not None
+            msgs.append(m)
+        await asyncio.sleep(0.5)  # a duplicate render would still be publishing
+        assert await sub.get(0.2) is None
+    await sub.close()
+    seqs = [m.seq for m in msgs if isinstance(m, AudioChunk)]
+    assert seqs == list(range(len(seqs)))

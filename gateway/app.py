@@ -17,7 +17,10 @@ from gateway.calls import CallManager
 from gateway.config import Config, parse_hostport
 from gateway.ivr import IvrAgent
 from gateway.rtp.endpoint import MediaTicker
-from gateway.sip_ua import SipUA
+from gateway.sip import parse_uri
+from gateway.sip.events import Event as SipEvent
+from gateway.sip_register import Registrar
+from gateway.sip_ua import SipUA, resolve_uri
 from synth.app import build_bus, build_engine, build_worker, install_stop_signals
 
 log = logging.getLogger("voxgate.gateway")
@@ -38,6 +41,7 @@ class Gateway:
         self.ticker = MediaTicker()
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker)
         self.runner: web.AppRunner | None = None
+        self.registrar: Registrar | None = None
         self.http_port = 0
 
     async def readyz(self, request: web.Request) -> web.Response:
@@ -58,6 +62,8 @@ class Gateway:
         host, port = parse_hostport("gateway.http_listen", g.http_listen)
         check_bind_safety(host, g.api_token or None)  # before anything listens
         await self.ua.start()
+        if g.register:
+            await self._start_registration()
         app = make_app(
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
             extra_routes=[web.get("/readyz", self.readyz)],
@@ -67,7 +73,28 @@ class Gateway:
         self.http_port = int(addresses[0][1]) if addresses else port
         log.info("control API on http://%s:%d", host, self.http_port)
 
+    async def _start_registration(self) -> None:
+        g = self.cfg.gateway
+        peer = resolve_uri(parse_uri(g.trunk), None)
+        registrar = Registrar(
+            self.ua.transport, registrar=g.trunk, peer=peer, user=g.from_user,
+            local_ip=self.ua.local_address(peer[0]), expires_s=g.register_expires_s,
+            username=g.trunk_username, password=g.trunk_password,
+        )  # fmt: skip
+        ua_handler = self.ua.transport.handler
+
+        def handler(event: SipEvent) -> None:
+            # REGISTER responses go to the registrar; everything else to the user agent.
+            if not registrar.on_event(event):
+                ua_handler(event)
+
+        self.ua.transport.handler = handler
+        self.registrar = registrar
+        await registrar.start()
+
     async def close(self) -> None:
+        if self.registrar is not None:
+            await self.registrar.close()
         await self.ua.close()
         self.ticker.close()
         if self.runner is not None:

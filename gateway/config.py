@@ -230,9 +230,9 @@ ALIASES: dict[str, str] = {
 
 
 def parse_hostport(key: str, value: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); names the key when malformed."""
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); port 0 picks a free one (tests)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536 or not host:
         raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
     if host.startswith("["):
         if not host.endswith("]"):

@@ -193,7 +193,8 @@ async def test_bad_requests_do_not_disturb_other_calls(bus: RedisBus, workers: W
 def test_serve_starts_ready_and_stops_on_sigterm() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve"], cwd=ROOT, env=env,
+        [sys.executable, "-m", "gateway.cli", "serve", "--sip-listen", "127.0.0.1:0",
+         "--http-listen", "127.0.0.1:0"], cwd=ROOT, env=env,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -11,6 +11,9 @@ SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def register(sub: SubParsers, bench_sub: SubParsers) -> None:
+    from gateway.bench_commands import register_bench
+
+    register_bench(bench_sub)
     p = sub.add_parser("serve", help="run the gateway with an in-process worker (embedded bus)")
     add_config_arguments(p)
     p.set_defaults(func=cmd_serve)

@@ -1,0 +1,72 @@
+"""``voxgate bench calls``: registered on the ``bench`` subparsers by ``register_bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TypeAlias
+
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def register_bench(bench_sub: SubParsers) -> None:
+    p = bench_sub.add_parser(
+        "calls",
+        help="concurrent SIP calls (sipp) against a gateway process: pacing, underruns, CPU, "
+        "greeting latency",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--calls", type=int, default=100, help="concurrent calls (default 100)")
+    p.add_argument("--rate", type=float, default=20.0, help="calls per second (default 20)")
+    p.add_argument(
+        "--duration", type=float, default=30.0, help="seconds each call is held (default 30)"
+    )
+    p.add_argument(
+        "--sample-calls", type=int, default=5,
+        help="of the calls, how many the Python client places and records (default 5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--latency-calls", type=int, default=20,
+        help="sequential calls for the greeting latency with a warm worker (default 20)",
+    )  # fmt: skip
+    p.add_argument("--idle", type=float, default=5.0, help="idle CPU baseline, s (default 5)")
+    p.add_argument(
+        "--redis", metavar="URL", default=None,
+        help="run voxgate gateway + one voxgate worker over this Redis instead of voxgate serve",
+    )  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=None, help="worker synth.concurrency")
+    p.add_argument("--engine", default="onnx", choices=("onnx", "torch"))
+    p.add_argument(
+        "--greeting", default=None,
+        help="IVR greeting text (e.g. 'Hello.' to measure pacing without synthesis load)",
+    )  # fmt: skip
+    p.add_argument(
+        "--worker-nice", type=int, default=0,
+        help="with --redis: run the worker process at this nice level (default 0)",
+    )  # fmt: skip
+    p.add_argument("--sipp", default="sipp", help="the sipp binary (default: sipp on PATH)")
+    p.add_argument("--keep", metavar="DIR", default=None, help="keep logs and stats in DIR")
+    p.add_argument(
+        "--quick", action="store_true",
+        help="a short smoke run: 6 calls at 10/s held 6 s, 3 latency calls",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_bench_calls)
+
+
+def cmd_bench_calls(args: argparse.Namespace) -> int:
+    from gateway.bench_calls import cmd_bench_calls as run
+
+    return run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gateway.bench_commands [options]``: the same as ``voxgate bench calls``."""
+    parser = argparse.ArgumentParser(prog="voxgate bench")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    register_bench(sub)
+    args = parser.parse_args(["calls", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

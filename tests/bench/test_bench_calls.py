@@ -1,0 +1,82 @@
+"""``voxgate bench calls --quick --json``: runs end to end and reports sane figures (this is no
+timing assertion: the numbers depend on the machine)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (sip-tester) is not installed"),
+]
+
+
+def _command() -> list[str]:
+    """``voxgate bench calls`` once the command is registered, else the module entry point."""
+    from gateway.cli import build_parser
+
+    parser = build_parser()
+    try:
+        parser.parse_args(["bench", "calls", "--quick"])
+    except SystemExit:
+        return [sys.executable, "-m", "gateway.bench_commands"]
+    return [sys.executable, "-m", "gateway.cli", "bench", "calls"]
+
+
+def _pct(d: dict[str, Any]) -> None:
+    for key in ("p50", "p95", "p99"):
+        assert key in d, d
+        assert isinstance(d[key], int | float), d
+    assert 0 <= d["p50"] <= d["p95"] <= d["p99"], d
+
+
+@pytest.mark.timeout(120)
+def test_bench_calls_quick_json() -> None:
+    out = subprocess.run(
+        [*_command(), "--quick", "--json"], capture_output=True, text=True, timeout=110
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+
+    c = r["conditions"]
+    for key in ("cpu", "cores", "loadavg_1m_at_start", "engine", "calls", "rate_cps",
+                "duration_s", "mode"):  # fmt: skip
+        assert key in c
+    assert c["calls"] == 6 and c["quick"] is True
+
+    calls = r["calls"]
+    assert calls["held_during_plateau"]["max"] == 6
+    assert calls["sipp"]["successful"] == 6 - calls["sample_calls"]
+    assert calls["sipp"]["failed"] == 0
+    assert not calls["sample_errors"]
+
+    ticker = r["pacing"]["ticker_send_error_ms"]
+    _pct(ticker)
+    assert ticker["n"] > 100  # 6 calls x 50 packets/s over the plateau
+    assert ticker["p50"] < 20.0  # sane: well within one packet time
+    jitter = r["pacing"]["receive_jitter_ms"]
+    _pct(jitter)
+    assert jitter["n"] > 100 and jitter["p50"] < 20.0
+
+    g = r["greeting"]
+    _pct(g["first_audio_after_ack_ms"])
+    assert g["first_audio_after_ack_ms"]["n"] == 3
+    assert 0 < g["first_audio_after_ack_ms"]["p50"] < 5000
+    _pct(g["under_load_first_audio_ms"])
+    assert g["under_load_first_audio_ms"]["never"] == 0
+
+    u = r["underruns"]
+    assert u["playout_underrun_frames_total"] >= 0
+    assert u["receiver_seq_gaps"] == 0
+
+    cpu = r["cpu"]
+    assert 0 < cpu["plateau"]["process_pct"] < 100 * (c["cores"] or 1) + 1
+    assert cpu["idle"]["process_pct"] >= 0
+    assert isinstance(cpu["per_call_pct_core"], float)
+    assert set(r["pass"]) == {"calls", "ticker_p99", "underruns", "cpu_per_call", "greeting_p95"}

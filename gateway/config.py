@@ -68,6 +68,8 @@ class SynthConfig:
     eq_gain_db: float = 2.0
     # Wideband profile output rate (48000 for WebRTC/Opus, 16000 for G.722-style legs).
     wideband_rate: int = 48000
+    # Finished renderings kept for repeated prompts (greetings, menus), in MiB; 0 disables.
+    cache_mb: int = 64
 
     def validate(self) -> None:
         _choice("synth.engine", self.engine, ("onnx", "torch"))
@@ -86,6 +88,8 @@ class SynthConfig:
         if not -12.0 <= self.eq_gain_db <= 12.0:
             raise ConfigError(f"synth.eq_gain_db: must be within [-12, 12], got {self.eq_gain_db}")
         _choice("synth.wideband_rate", self.wideband_rate, (16000, 48000))
+        if self.cache_mb < 0:
+            raise ConfigError(f"synth.cache_mb: must be >= 0, got {self.cache_mb}")
 
 
 @dataclass

@@ -41,6 +41,7 @@ def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Wor
         wideband_rate=s.wideband_rate,
         claim_idle_ms=w.claim_idle_ms,
         default_deadline_s=w.default_deadline_s,
+        cache_bytes=s.cache_mb * 1024 * 1024,
         **kwargs,  # type: ignore[arg-type]
     )
 

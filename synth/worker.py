@@ -31,6 +31,7 @@ from synth.bus.schema import (
     UtteranceEnd,
     UtteranceError,
 )
+from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine
 from synth.render import Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
@@ -89,6 +90,7 @@ class Worker:
         default_deadline_s: float = 30.0,
         whole: bool = False,
         on_stats: Callable[[UtteranceStats], None] | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         self.bus = bus
         self.engine = engine
@@ -101,6 +103,8 @@ class Worker:
         self.default_deadline_s = default_deadline_s
         self.whole = whole
         self.on_stats = on_stats
+        # Finished renderings replayed for repeated prompts (0: off).
+        self.cache = RenderCache(cache_bytes) if cache_bytes > 0 else None
         # More pool threads than cores only adds contention; utterances beyond that interleave.
         self._threads = max(1, min(concurrency, os.cpu_count() or 1))
         self._executor: PriorityExecutor | None = None  # exists while run() does
@@ -334,6 +338,12 @@ class Worker:
             await self._error(call, utt, 0, exc.code, str(exc), trace)
             report(f"error:{exc.code}", 0, 0)
             return
+        key: CacheKey = (req.text, req.raw, self.engine.voice, req.profile, self.engine.name)
+        cached = self.cache.get(key) if self.cache is not None and not self.whole else None
+        if cached is not None:
+            await self._replay(req, cached, progress, report)
+            return
+        chunks: list[CachedChunk] = []
         renderer = Renderer(
             self.engine,
             pieces,
@@ -380,7 +390,36 @@ class Worker:
                     progress.first_at = time.perf_counter()
                 seq += 1
                 progress.chunks = seq
+                chunks.append(CachedChunk(out.data, out.offset, out.words))
             if out.final:
                 break
         await self.bus.publish(UtteranceEnd(call, utt, seq, "done", renderer.samples, trace))
+        if self.cache is not None:
+            self.cache.put(key, Rendering(renderer.rate, tuple(chunks), renderer.samples))
         report("done", renderer.samples, renderer.rate)
+
+    async def _replay(
+        self,
+        req: SpeakRequest,
+        cached: Rendering,
+        progress: _Progress,
+        report: Callable[[str, int, int], None],
+    ) -> None:
+        """Publish a cached rendering; the cancel marker is still honoured between chunks."""
+        call, utt, trace = req.call_id, req.utterance_id, req.trace_id
+        sent = 0
+        for seq, chunk in enumerate(cached.chunks):
+            if seq % 8 == 0 and await self.bus.is_cancelled(utt):
+                await self.bus.publish(UtteranceEnd(call, utt, seq, "cancelled", sent, trace))
+                report("cancelled", sent, cached.rate)
+                return
+            await self.bus.publish(AudioChunk(
+                call, utt, seq, cached.rate, chunk.data, chunk.offset, chunk.words, trace
+            ))  # fmt: skip
+            if seq == 0:
+                progress.first_at = time.perf_counter()
+            progress.chunks = seq + 1
+            sent += len(chunk.data) // 2
+        end = UtteranceEnd(call, utt, len(cached.chunks), "done", cached.samples, trace)
+        await self.bus.publish(end)
+        report("done", cached.samples, cached.rate)

@@ -260,3 +260,37 @@ async def test_slow_utterance_is_not_claimed_from_a_live_worker(bus: Bus) -> Non
     await sub.close()
     seqs = [m.seq for m in msgs if isinstance(m, AudioChunk)]
     assert seqs == list(range(len(seqs)))
+
+
+async def test_repeated_prompts_are_replayed_from_the_cache(bus: Bus) -> None:
+    engine = ToneEngine()
+    stats: list[UtteranceStats] = []
+    worker = Worker(bus, engine, name="w1", cache_bytes=1 << 20, on_stats=stats.append)
+    async with running(worker):
+        first = await collect(bus, req("welcome to the line"))
+        made = engine.chunks_made
+        again = await collect(bus, req("welcome to the line"))
+        assert engine.chunks_made == made  # no engine work the second time
+        wide = await collect(bus, req("welcome to the line", profile="wideband"))
+        assert engine.chunks_made > made  # another profile is another rendering
+    assert pcm(first).tobytes() == pcm(again).tobytes()
+    assert [m.seq for m in again if isinstance(m, AudioChunk)] == list(range(len(again) - 1))
+    assert isinstance(again[-1], UtteranceEnd) and again[-1].samples == len(pcm(again))
+    assert {m.rate for m in wide if isinstance(m, AudioChunk)} == {48000}
+    assert stats[1].first_audio_at is not None and worker.cache is not None
+    assert worker.cache.hits == 1
+
+
+async def test_cancelled_renderings_are_not_cached(bus: Bus) -> None:
+    engine = ToneEngine(step_s=0.02)
+    worker = Worker(bus, engine, name="w1", cache_bytes=1 << 20)
+    async with running(worker):
+        r = req(" ".join(["word"] * 50))
+        sub = await bus.subscribe(r.call_id)
+        await bus.submit(r)
+        assert isinstance(await sub.get(5), AudioChunk)
+        await bus.cancel(r.utterance_id)
+        while not isinstance(m := await sub.get(5), UtteranceEnd):
+            assert m is not None
+        await sub.close()
+        assert worker.cache is not None and len(worker.cache) == 0

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint redis clean bench
+.PHONY: serve test lint redis tools clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ serve: $(STAMP)
 redis:
 	@deploy/ensure-redis.sh
 
-test: $(STAMP) redis
+# Real SIP peers for the interop tests (sipp, baresip) and speech tools; installed if missing.
+tools:
+	@deploy/ensure-test-tools.sh
+
+test: $(STAMP) redis tools
 	$(BIN)/ruff check gateway synth dsp tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q

@@ -101,6 +101,11 @@ class SipTransport:
                 await writer.wait_closed()
 
     # --- output --------------------------------------------------------------------------
+    def via_transport(self, addr: Address) -> str:
+        """The Via transport of a request sent to ``addr`` (§18.1.1: it names the transport the
+        request actually goes over; requests reuse an open TCP connection from that peer)."""
+        return "TCP" if addr in self._conns else "UDP"
+
     def send_request(self, request: Request, addr: Address) -> str:
         tid = self.layer.send_request(request, addr, self.now, reliable=addr in self._conns)
         self.service()

@@ -94,8 +94,12 @@ class SipLeg:
             await self.end(reason)
             return
         if self.dialog is not None:
-            bye = self.dialog.create_request("BYE", sent_by=self.ua.sent_by(self.local_ip))
-            self.ua.transport.send_request(bye, self.ua.in_dialog_addr(self))
+            addr = self.ua.in_dialog_addr(self)
+            bye = self.dialog.create_request(
+                "BYE", sent_by=self.ua.sent_by(self.local_ip),
+                transport=self.ua.transport.via_transport(addr),
+            )  # fmt: skip
+            self.ua.transport.send_request(bye, addr)
         await self.end(reason)
 
     async def send_dtmf(self, digits: str) -> None:
@@ -117,6 +121,11 @@ class SipLeg:
             self.endpoint.close()
         if self.dialog is not None:
             self.ua.dialogs.pop(self.dialog.id, None)
+        if self.call.info.direction == "outbound" and self.invite_tid is not None:
+            # Keep the client INVITE a while for 2xx retransmissions (and a 2xx crossing our
+            # CANCEL), then forget it: Timer M's 64*T1 (RFC 6026 §8.4).
+            tid = self.invite_tid
+            asyncio.get_running_loop().call_later(64 * 0.5, self.ua.client_invites.pop, tid, None)
         self.ua.legs.discard(self)
         await self.call.ended(reason)
 
@@ -425,8 +434,24 @@ class SipUA:
                 self._spawn(leg.end("bad answer"))
                 return
             self.dialogs[leg.dialog.id] = leg
-        ack = leg.dialog.create_ack(leg.invite, sent_by=self.sent_by(leg.local_ip))
-        self.transport.send_stateless(ack, self.in_dialog_addr(leg))
+        addr = self.in_dialog_addr(leg)
+        ack = leg.dialog.create_ack(
+            leg.invite, sent_by=self.sent_by(leg.local_ip),
+            transport=self.transport.via_transport(addr),
+        )  # fmt: skip
+        self.transport.send_stateless(ack, addr)
+        if leg.ended and not leg.answered and not leg.extra.get("bye_sent"):
+            # §9.1/§15: a 2xx that crossed our CANCEL (or came after we gave up) set up a
+            # dialog at the callee; ACK it (above) and end it at once with a BYE.
+            leg.extra["bye_sent"] = True
+            bye = leg.dialog.create_request(
+                "BYE",
+                sent_by=self.sent_by(leg.local_ip),
+                transport=self.transport.via_transport(addr),
+            )
+            self.transport.send_request(bye, addr)
+            self.dialogs.pop(leg.dialog.id, None)
+            return
         if leg.answered or leg.ended:
             return  # a retransmitted 2xx: the ACK again is all it needs
         assert leg.endpoint is not None and leg.local_sdp is not None

@@ -237,15 +237,15 @@ class SipUA:
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
             )
             return
-        if not req.body:
-            self._respond(tid, make_response(req, 488, headers=[
-                ("Warning", '399 voxgate "An SDP offer is required"')]))  # fmt: skip
-            return
-        try:
-            offer = sdp.parse(req.body)
-        except sdp.SdpError as exc:
-            self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
-            return
+        # §13.2.1: an INVITE without a body (late offer, common from PBXs and trunks) gets
+        # our offer in the 200; the caller's answer comes in the ACK.
+        offer: sdp.SessionDescription | None = None
+        if req.body:
+            try:
+                offer = sdp.parse(req.body)
+            except sdp.SdpError as exc:
+                self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
+                return
         local_ip = self.local_address(addr[0])
         try:
             endpoint = await RtpEndpoint.open(
@@ -257,9 +257,13 @@ class SipUA:
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
             )
             return
+        params: sdp.MediaParams | None = None
         try:
-            answer = sdp.answer(offer, local_ip, endpoint.local_port)
-            params = sdp.negotiated(offer, answer)
+            if offer is None:
+                answer = sdp.make_offer(local_ip, endpoint.local_port)
+            else:
+                answer = sdp.answer(offer, local_ip, endpoint.local_port)
+                params = sdp.negotiated(offer, answer)
         except sdp.SdpNegotiationError as exc:
             endpoint.close()
             self._respond(tid, make_response(req, 488, headers=[
@@ -276,11 +280,10 @@ class SipUA:
         leg = SipLeg(self, call, req, addr, local_ip, endpoint=endpoint, local_tag=generate_tag(),
                      invite_tid=tid, local_sdp=answer)  # fmt: skip
         call.leg = leg
-        call.set_codec(params.codec)
         self.legs.add(leg)
         self.pending_invites[tid] = leg
-        endpoint.configure(params, on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms))
-        attach_source(endpoint, call)
+        if params is not None:
+            self._start_media(leg, params)
         try:
             contact = self.contact(local_ip, req.uri.user if isinstance(req.uri, SipUri) else None)
             leg.dialog = Dialog.from_uas_request(req, leg.local_tag, contact)
@@ -302,13 +305,39 @@ class SipUA:
             headers=[("Content-Type", "application/sdp"), ("Allow", ALLOW)],
         )  # fmt: skip
         self._respond(tid, ok)
-        self.ticker.add(endpoint)  # media flows from the 200 on (silence until the agent talks)
+
+    def _start_media(self, leg: SipLeg, params: sdp.MediaParams) -> None:
+        """Negotiation done: configure RTP, let the pacer pull the call's audio, start pacing
+        (media flows from here on: silence until the agent talks)."""
+        assert leg.endpoint is not None
+        call = leg.call
+        leg.endpoint.configure(params, on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms))
+        attach_source(leg.endpoint, call)
+        call.set_codec(params.codec)
+        self.ticker.add(leg.endpoint)
+
+    def _late_answer(self, leg: SipLeg, ack: Request) -> bool:
+        """The SDP answer in the ACK of a late-offer call; False if it is missing or unusable."""
+        assert leg.local_sdp is not None
+        try:
+            params = sdp.negotiated(sdp.parse(ack.body), leg.local_sdp)
+        except (sdp.SdpError, sdp.SdpNegotiationError) as exc:
+            log.warning("late-offer call %s: unusable answer in ACK: %s", leg.call.id, exc)
+            return False
+        self._start_media(leg, params)
+        return True
 
     def _in_dialog(self, leg: SipLeg, req: Request, tid: str | None, addr: Address) -> None:
         assert leg.dialog is not None
         if req.method == "ACK":
             if not leg.answered and leg.invite_tid is not None:
                 self.pending_invites.pop(leg.invite_tid, None)
+                late = leg.endpoint is not None and leg.endpoint.session is None
+                if late and not self._late_answer(leg, req):
+                    # §13.3.1.4: a UAS that cannot use the answer ends the call with BYE.
+                    leg.answered = True
+                    self._spawn(leg.hangup("bad SDP answer in ACK"))
+                    return
                 leg.answered = True
                 leg.call.set_state("answered")
                 self._spawn(leg.call.start(self.manager.agent_for(leg.call)))

@@ -240,6 +240,18 @@ async def test_pcma_only_offer(gateway: GatewayProc, sipp: Sipp) -> None:
     await gateway.wait_no_calls()
 
 
+async def test_late_offer_answer_in_ack(gateway: GatewayProc, sipp: Sipp) -> None:
+    run = await sipp.start(
+        "late_offer.xml",
+        target=gateway.sip,
+        args=["-m", "1", "-d", "2000", "-s", "ivr", "-rtp_echo"],
+    )
+    (call,) = await until_calls(gateway, lambda calls: any(c["codec"] for c in calls))
+    assert call["codec"] == "PCMA" and call["state"] == "answered", call
+    (await sipp.wait(run)).assert_ok()
+    await gateway.wait_no_calls()
+
+
 # 7 ----------------------------------------------------------------------------------------------
 async def test_no_common_codec_488(gateway: GatewayProc, sipp: Sipp) -> None:
     async with EventFeed(gateway.http) as feed:

@@ -21,9 +21,16 @@ class CallHandle(Protocol):
     @property
     def info(self) -> CallInfo: ...
 
-    async def say(self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True) -> str:
+    async def say(
+        self,
+        text: str,
+        *,
+        interrupt: bool = False,
+        dtmf_interrupts: bool = True,
+        barge_in: bool = True,
+    ) -> str:
         """Queue ``text``; returns its utterance id. ``interrupt`` stops what is playing first;
-        ``dtmf_interrupts`` lets a key press cut this prompt short."""
+        ``dtmf_interrupts`` / ``barge_in`` let a key press / the caller's voice cut it short."""
         ...
 
     async def hangup(self, reason: str = "agent") -> None: ...

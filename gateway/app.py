@@ -36,7 +36,7 @@ class Gateway:
         ivr = cfg.ivr
         self.manager = CallManager(
             bus, lambda info: IvrAgent(ivr), max_calls=cfg.gateway.max_calls,
-            max_text_chars=cfg.synth.max_text_chars,
+            max_text_chars=cfg.synth.max_text_chars, bargein=cfg.bargein,
         )  # fmt: skip
         self.ticker = MediaTicker()
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -21,23 +22,30 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.agent import Agent, AgentFactory
+from gateway.bargein import BargeInConfig, BargeInDetector
+from gateway.bargein import SpeechStarted as VadSpeechStarted
+from gateway.config import BargeinSettings
 from gateway.control import (
     BadRequest,
+    BargeIn,
     CallInfo,
     CallState,
     CallStateChanged,
     Conflict,
     DtmfReceived,
     Event,
+    SpeechStarted,
+    SpeechStopped,
     TextTooLong,
     Unavailable,
     UnknownCall,
     UtteranceFinished,
     UtteranceStarted,
+    WorkerStopped,
 )
 from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from synth.bus.base import Bus, BusError, Subscription
-from synth.bus.schema import SpeakRequest
+from synth.bus.schema import SpeakRequest, UtteranceEnd
 from synth.text.chunker import Chunker
 
 log = logging.getLogger("voxgate.calls")
@@ -69,7 +77,26 @@ class Call:
         self._info = info
         self.rate = rate
         self.profile = profile
-        self.playout = Playout(rate)
+        settings = manager.bargein
+        self.playout = Playout(rate, fade_ms=settings.fade_ms if settings else 10.0)
+        # Barge-in: VAD on what the caller sends, compared against what we sent (echo).
+        self.detector: BargeInDetector | None = None
+        if settings is not None and settings.enabled:
+            self.detector = BargeInDetector(BargeInConfig(
+                aggressiveness=settings.aggressiveness, min_speech_ms=settings.min_speech_ms,
+                hangover_ms=settings.hangover_ms, echo_margin_db=settings.echo_margin_db,
+                rate=rate,
+            ))  # fmt: skip
+        # Media clock (samples): frames sent and frames received, one of each per tick.
+        self._far_pos = 0
+        self._near_pos = 0
+        self._tick_pos: int | None = None
+        self._speech_onset: int | None = None
+        self._barge_cuts: dict[str, bool] = {}
+        self._cancelled_at: dict[str, float] = {}
+        self.bargeins: list[BargeIn] = []
+        # The call's recent events (for inspection and tests; bounded).
+        self.history: deque[Event] = deque(maxlen=500)
         self.leg: Leg | None = None
         self.agent: Agent | None = None
         self._sub: Subscription | None = None
@@ -89,7 +116,14 @@ class Call:
     def info(self) -> CallInfo:
         return self._info
 
-    async def say(self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True) -> str:
+    async def say(
+        self,
+        text: str,
+        *,
+        interrupt: bool = False,
+        dtmf_interrupts: bool = True,
+        barge_in: bool = True,
+    ) -> str:
         if self._info.state == "ended":
             raise Conflict(f"call {self.id} has ended")
         if len(text) > self.manager.max_text_chars:
@@ -102,6 +136,7 @@ class Call:
         self.playout.enqueue(utt, text)
         self._texts[utt] = text
         self._dtmf_cuts[utt] = dtmf_interrupts
+        self._barge_cuts[utt] = barge_in
         await self.manager.bus.submit(
             SpeakRequest(
                 call_id=self.id, utterance_id=utt, text=text,
@@ -164,15 +199,58 @@ class Call:
             self.interrupt(clear_queue=False)
         self.emit(DtmfReceived(self.id, digit=digit, duration_ms=duration_ms, source=source))
 
-    def pull_audio(self, n: int) -> npt.NDArray[np.int16]:
-        """The next ``n`` samples to send (silence when the agent is quiet). Media-tick hot path."""
+    def pull_audio(self, n: int, at: int | None = None) -> npt.NDArray[np.int16]:
+        """The next ``n`` samples to send (silence when the agent is quiet). Media-tick hot path.
+
+        ``at``: the frame's media time in samples (the pacer's tick clock, stalls included);
+        barge-in times are reported on that clock."""
         pcm, events = self.playout.pull(n)
         if events:
             self._on_playout(events)
+        at = self._far_pos if at is None else at
+        if self.detector is not None:
+            self.detector.far_end(pcm, at)
+        self._tick_pos = at  # the caller's frame of this same tick is at this media time
+        self._far_pos = at + len(pcm)
         speaking = self.playout.speaking
         if speaking != self._info.speaking:
             self._info = _replace(self._info, speaking=speaking)
         return pcm
+
+    def on_caller_audio(self, pcm: npt.NDArray[np.int16]) -> None:
+        """One frame of decoded caller audio per media tick (after that tick's ``pull_audio``).
+        Media-tick hot path: the detector is a few tens of microseconds per frame."""
+        detector = self.detector
+        pos = self._tick_pos if self._tick_pos is not None else self._near_pos
+        self._tick_pos = None
+        self._near_pos = pos + len(pcm)
+        if detector is None:
+            return
+        for ev in detector.near_end(pcm, pos):
+            if isinstance(ev, VadSpeechStarted):
+                self._speech_onset = ev.onset_sample
+                self._barge_in(ev.onset_sample, ev.decision_sample)
+                self.emit(SpeechStarted(self.id))
+            else:
+                onset = self._speech_onset if self._speech_onset is not None else ev.end_sample
+                self._speech_onset = None
+                duration = (ev.end_sample - onset) * 1000 // self.rate
+                self.emit(SpeechStopped(self.id, duration_ms=int(duration)))
+
+    def _barge_in(self, onset: int, decision: int) -> None:
+        current = self.playout.current
+        if current is None or not self.playout.speaking or not self._barge_cuts.get(current, True):
+            return
+        start = self._far_pos  # the next sample to be sent: the fade starts there
+        self.interrupt()
+        faded = self.playout.fade_samples
+        ms = 1000 / self.rate
+        record = BargeIn(
+            self.id, utterance_id=current, onset_ms=onset * ms, decision_ms=decision * ms,
+            zero_ms=(start + faded) * ms, faded_samples=faded,
+        )  # fmt: skip
+        self.bargeins.append(record)
+        self.emit(record)
 
     def interrupt(self, *, clear_queue: bool = True) -> None:
         """Stop the agent now: fade out (10 ms), drop queued audio, cancel it on the worker."""
@@ -196,6 +274,7 @@ class Call:
 
     # --- internals -----------------------------------------------------------------------
     def emit(self, event: Event) -> None:
+        self.history.append(event)
         self.manager.publish(event)
         # Agents get what they act on (DTMF, speech, utterance ends), not their own echoes.
         if self.agent is not None and not isinstance(event, CallStateChanged | UtteranceStarted):
@@ -222,12 +301,21 @@ class Call:
                 ))  # fmt: skip
 
     async def _cancel(self, utterance_id: str) -> None:
+        self._cancelled_at[utterance_id] = time.monotonic()
         with contextlib.suppress(BusError):
             await self.manager.bus.cancel(utterance_id)
 
     async def _read_audio(self) -> None:
         assert self._sub is not None
         async for msg in self._sub:
+            asked = (
+                self._cancelled_at.pop(msg.utterance_id, None)
+                if isinstance(msg, UtteranceEnd)
+                else None
+            )
+            if asked is not None:
+                stop_ms = (time.monotonic() - asked) * 1000
+                self.emit(WorkerStopped(self.id, utterance_id=msg.utterance_id, stop_ms=stop_ms))
             events = self.playout.on_message(msg)
             if events:
                 self._on_playout(events)
@@ -270,8 +358,10 @@ class CallManager:
         *,
         max_calls: int = 200,
         max_text_chars: int = 5000,
+        bargein: BargeinSettings | None = None,
     ) -> None:
         self.bus = bus
+        self.bargein = bargein
         self.agent_factory = agent_factory
         self.max_calls = max_calls
         self.max_text_chars = max_text_chars

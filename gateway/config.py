@@ -197,6 +197,35 @@ class IvrConfig:
 
 
 @dataclass
+class BargeinSettings:
+    """Caller speech over the agent: VAD on inbound audio, echo-aware (gateway.bargein)."""
+
+    enabled: bool = True
+    # webrtcvad mode 0 (least) .. 3 (most aggressive at rejecting non-speech).
+    aggressiveness: int = 2
+    # Evidence needed from the speech onset to the barge-in decision.
+    min_speech_ms: int = 60
+    # Non-speech after which the caller is taken to have stopped.
+    hangover_ms: int = 300
+    # How far a band must exceed the expected echo of the agent's voice to count as caller.
+    echo_margin_db: float = 6.0
+    # Cosine fade of the agent's audio on barge-in (and on a DTMF interrupt).
+    fade_ms: float = 10.0
+
+    def validate(self) -> None:
+        if self.aggressiveness not in (0, 1, 2, 3):
+            raise ConfigError(f"bargein.aggressiveness: must be 0-3, got {self.aggressiveness}")
+        if not 0 <= self.min_speech_ms <= 2000:
+            raise ConfigError(f"bargein.min_speech_ms: must be 0-2000, got {self.min_speech_ms}")
+        if not 0 <= self.hangover_ms <= 5000:
+            raise ConfigError(f"bargein.hangover_ms: must be 0-5000, got {self.hangover_ms}")
+        if not 0 <= self.echo_margin_db <= 40:
+            raise ConfigError(f"bargein.echo_margin_db: must be 0-40, got {self.echo_margin_db}")
+        if not 1 <= self.fade_ms <= 50:
+            raise ConfigError(f"bargein.fade_ms: must be 1-50, got {self.fade_ms}")
+
+
+@dataclass
 class LogConfig:
     level: str = "info"
     # "json" (structured, for operators) or "text".
@@ -214,6 +243,7 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     ivr: IvrConfig = field(default_factory=IvrConfig)
+    bargein: BargeinSettings = field(default_factory=BargeinSettings)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:

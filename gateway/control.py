@@ -131,6 +131,31 @@ class SpeechStopped(Event):
     type: str = "speech.stopped"
 
 
+@dataclass(frozen=True, slots=True)
+class BargeIn(Event):
+    """The caller talked over the agent and the agent stopped. Media times in ms from the start
+    of the call's media: ``onset_ms`` (estimated start of the caller's speech), ``decision_ms``
+    (VAD decision), ``zero_ms`` (the agent's audio reached zero: decision + the rest of the
+    frame in flight + the fade)."""
+
+    utterance_id: str = ""
+    onset_ms: float = 0.0
+    decision_ms: float = 0.0
+    zero_ms: float = 0.0
+    faded_samples: int = 0
+    type: str = "bargein"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStopped(Event):
+    """The worker acknowledged the cancel of an interrupted utterance (``stop_ms`` after the
+    gateway asked, wall clock)."""
+
+    utterance_id: str = ""
+    stop_ms: float = 0.0
+    type: str = "bargein.worker_stopped"
+
+
 def event_json(event: Event) -> str:
     return json.dumps(dataclasses.asdict(event), separators=(",", ":"))
 

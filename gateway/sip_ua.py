@@ -311,7 +311,11 @@ class SipUA:
         (media flows from here on: silence until the agent talks)."""
         assert leg.endpoint is not None
         call = leg.call
-        leg.endpoint.configure(params, on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms))
+        leg.endpoint.configure(
+            params,
+            on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms),
+            on_audio=lambda frame: call.on_caller_audio(frame.pcm),
+        )
         attach_source(leg.endpoint, call)
         call.set_codec(params.codec)
         self.ticker.add(leg.endpoint)
@@ -490,10 +494,7 @@ class SipUA:
             log.warning("unusable SDP answer: %s", exc)
             self._spawn(leg.hangup("bad SDP answer"))
             return
-        leg.endpoint.configure(params, on_dtmf=lambda d: leg.call.on_dtmf(d.digit, d.duration_ms))
-        attach_source(leg.endpoint, leg.call)
-        leg.call.set_codec(params.codec)
-        self.ticker.add(leg.endpoint)
+        self._start_media(leg, params)
         leg.answered = True
         leg.call.set_state("answered")
         self._spawn(leg.call.start(self.manager.agent_for(leg.call)))

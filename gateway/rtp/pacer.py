@@ -172,9 +172,11 @@ class Pacer:
         self._err_max = 0.0
         self._sent = self._audio = self._silent = self._dtmf_sent = self._cn = 0
         self.underruns = 0
-        # Optional pull source: called once per due tick for ``spf`` samples of int16 PCM
-        # (silence when there is nothing to say); the call's playout in the gateway.
-        self.source: Callable[[int], npt.NDArray[np.int16]] | None = None
+        # Optional pull source: called once per due tick as ``source(spf, media_sample)`` for
+        # ``spf`` samples of int16 PCM (silence when there is nothing to say); the call's
+        # playout in the gateway. ``media_sample`` is the frame's position on the stream's
+        # clock (tick index × spf), skipped ticks included, so callers can time events.
+        self.source: Callable[[int, int], npt.NDArray[np.int16]] | None = None
         self.skipped_ticks = 0
         self.late_sends = 0
 
@@ -287,7 +289,7 @@ class Pacer:
         if self.source is not None:
             # Pull mode: the call's playout hands over exactly one frame per tick, so a fade or
             # a dropped utterance takes effect on the very next packet (no queue to flush).
-            pcm = self.source(self.spf)
+            pcm = self.source(self.spf, k * self.spf)
             if pcm.any():
                 self.enqueue(pcm)
             elif not self._queue:

@@ -107,6 +107,27 @@ def test_stall_skips_ticks_without_burst() -> None:
     assert p.next_due == pytest.approx(100.0 + 16 * 0.02)
 
 
+def test_pull_source_gets_one_frame_per_tick_on_the_media_clock() -> None:
+    p = make()
+    pulls: list[tuple[int, int]] = []
+    level = np.full(F, 3000, np.int16)
+
+    def source(n: int, at: int) -> np.ndarray:
+        pulls.append((n, at))
+        return level if len(pulls) <= 3 else np.zeros(n, np.int16)
+
+    p.source = source
+    for _ in range(5):
+        tick_at_due(p)
+    due = p.next_due
+    p.tick(due + 0.2 + 0.003)  # a 200 ms stall: 10 ticks skipped, one pull
+    assert [n for n, _ in pulls] == [F] * 6
+    # Positions follow the tick clock, the skipped ticks included.
+    assert [at for _, at in pulls] == [0, F, 2 * F, 3 * F, 4 * F, 15 * F]
+    s = p.stats()
+    assert s.underruns == 0  # silence from the source is not an underrun of the pacer
+
+
 def test_slightly_early_wake_sends_the_due_tick() -> None:
     p = make()
     assert p.tick(p.next_due - 0.0005) is not None

@@ -85,7 +85,7 @@ class Call:
             self.detector = BargeInDetector(BargeInConfig(
                 aggressiveness=settings.aggressiveness, min_speech_ms=settings.min_speech_ms,
                 hangover_ms=settings.hangover_ms, echo_margin_db=settings.echo_margin_db,
-                rate=rate,
+                rate=rate, frame_ms=settings.frame_ms,
             ))  # fmt: skip
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self._far_pos = 0

@@ -211,6 +211,9 @@ class BargeinSettings:
     echo_margin_db: float = 6.0
     # Cosine fade of the agent's audio on barge-in (and on a DTMF interrupt).
     fade_ms: float = 10.0
+    # Analysis frame of the detector: 20 ms halves its CPU (~75 vs ~150 us per call per 20 ms
+    # of audio) for a coarser onset estimate (p95 error ~55 vs ~30 ms); 10 ms is finer.
+    frame_ms: int = 20
 
     def validate(self) -> None:
         if self.aggressiveness not in (0, 1, 2, 3):
@@ -223,6 +226,7 @@ class BargeinSettings:
             raise ConfigError(f"bargein.echo_margin_db: must be 0-40, got {self.echo_margin_db}")
         if not 1 <= self.fade_ms <= 50:
             raise ConfigError(f"bargein.fade_ms: must be 1-50, got {self.fade_ms}")
+        _choice("bargein.frame_ms", self.frame_ms, (10, 20, 30))
 
 
 @dataclass

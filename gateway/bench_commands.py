@@ -52,9 +52,32 @@ def register_bench(bench_sub: SubParsers) -> None:
     )  # fmt: skip
     p.set_defaults(func=cmd_bench_calls)
 
+    b = bench_sub.add_parser(
+        "bargein",
+        help="barge-in over real SIP calls: decision/onset to silence, worker stop, misses, "
+        "false barge-ins on echo",
+    )
+    b.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    b.add_argument("--trials", type=int, default=20, help="calls with caller speech (default 20)")
+    b.add_argument(
+        "--echo-seconds", type=float, default=60.0,
+        help="echo-only greeting audio to collect, s (default 60)",
+    )  # fmt: skip
+    b.add_argument("--seed", type=int, default=1, help="offsets into the greeting (default 1)")
+    b.add_argument(
+        "--quick", action="store_true", help="a short smoke run: 4 trials, 15 s of echo"
+    )  # fmt: skip
+    b.set_defaults(func=cmd_bench_bargein)
+
 
 def cmd_bench_calls(args: argparse.Namespace) -> int:
     from gateway.bench_calls import cmd_bench_calls as run
+
+    return run(args)
+
+
+def cmd_bench_bargein(args: argparse.Namespace) -> int:
+    from gateway.bench_bargein import cmd_bench_bargein as run
 
     return run(args)
 

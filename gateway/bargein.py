@@ -266,6 +266,10 @@ class _Framer:
             out += self._feed(x)
         return out
 
+    def reset_partial(self) -> None:
+        """Drop a partly filled frame (the stream jumps ahead)."""
+        self._fill = 0
+
     def _feed(self, x: Int16Array) -> list[tuple[int, Int16Array]]:
         assert self.pos is not None
         out: list[tuple[int, Int16Array]] = []
@@ -369,6 +373,26 @@ class BargeInDetector:
         w = 10.0 ** (self._far_mean / 10.0)
         g = 10.0 ** (self._gain_db / 10.0)
         return float(-10.0 * math.log10(float(w @ g) / float(np.sum(w))))
+
+    @property
+    def idle(self) -> bool:
+        """No caller speech in progress and no onset pending: safe to ``skip_to``."""
+        return not self._speaking and self._run_onset < 0
+
+    def skip_to(self, sample: int) -> None:
+        """Advance both streams to media time ``sample`` without analysing the gap.
+
+        For a caller leg known to be quiet while the agent is silent (most of a call's idle
+        time): the learnt echo path, gains and noise floor are kept as they are, and far frames
+        in the gap read as silence later (the ring checks frame numbers). Only while ``idle``.
+        """
+        if not self.idle:
+            raise RuntimeError("skip_to while caller speech is in progress")
+        aligned = sample - sample % self._frame
+        for framer in (self._far_framer, self._near_framer):
+            if framer.pos is None or framer.pos < aligned:
+                framer.pos = aligned
+                framer.reset_partial()
 
     # -- streams -----------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ log = logging.getLogger("voxgate.calls")
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 # Per-subscriber event queue bound: a stuck consumer loses events, never stalls calls.
 EVENT_QUEUE = 1000
+# Barge-in idle gate: longer than the longest echo path searched (300 ms) plus a margin, and a
+# peak below which a caller frame is line noise (about -44 dBFS).
+ECHO_TAIL_S = 0.4
+QUIET_PEAK = 200
 
 
 class Leg(Protocol):
@@ -91,6 +95,8 @@ class Call:
         self._far_pos = 0
         self._near_pos = 0
         self._tick_pos: int | None = None
+        self._far_frame: tuple[int, npt.NDArray[np.int16]] | None = None
+        self._far_heard = -(1 << 40)  # media time just after the last non-silent agent frame
         self._speech_onset: int | None = None
         self._barge_cuts: dict[str, bool] = {}
         self._cancelled_at: dict[str, float] = {}
@@ -209,7 +215,10 @@ class Call:
             self._on_playout(events)
         at = self._far_pos if at is None else at
         if self.detector is not None:
-            self.detector.far_end(pcm, at)
+            # Fed to the detector with the caller's frame of the same tick (which may skip it).
+            self._far_frame = (at, pcm)
+            if pcm.any():
+                self._far_heard = at + len(pcm)
         self._tick_pos = at  # the caller's frame of this same tick is at this media time
         self._far_pos = at + len(pcm)
         speaking = self.playout.speaking
@@ -226,6 +235,20 @@ class Call:
         self._near_pos = pos + len(pcm)
         if detector is None:
             return
+        far = self._far_frame
+        self._far_frame = None
+        # Idle gate: the agent has been silent longer than any echo path and the caller's frame
+        # is quiet: nothing to decide, so jump the detector's clock instead of analysing two
+        # frames of silence (it keeps what it learnt about the echo path).
+        if (
+            detector.idle
+            and pos - self._far_heard > ECHO_TAIL_S * self.rate
+            and int(np.abs(pcm).max(initial=0)) < QUIET_PEAK
+        ):
+            detector.skip_to(pos + len(pcm))
+            return
+        if far is not None:
+            detector.far_end(far[1], far[0])
         for ev in detector.near_end(pcm, pos):
             if isinstance(ev, VadSpeechStarted):
                 self._speech_onset = ev.onset_sample

@@ -341,3 +341,44 @@ def test_properties_report_state(double_talk_cell: tuple[np.ndarray, np.ndarray]
     assert was_speaking
     assert det.echo_delay_ms == 60.0
     assert det.erl_db is not None and 5.0 <= det.erl_db <= 16.0
+
+
+def test_skip_to_keeps_the_echo_path_and_still_detects(
+    double_talk_cell: tuple[np.ndarray, np.ndarray],
+) -> None:
+    near, far = double_talk_cell
+    cfg = BargeInConfig(frame_ms=20)
+    expected = detect(near, far, cfg)
+    first = starts(expected)[0]
+    # Run up to just before the first caller onset, then 10 s of skipped idle time, then the
+    # rest of the scene shifted by that gap: the same starts come out, shifted.
+    cut = first.onset_sample - first.onset_sample % 160 - 1600
+    det = BargeInDetector(cfg)
+    got: list[VadEvent] = []
+    for s in range(0, cut, 160):
+        det.far_end(far[s : s + 160], s)
+        got += det.near_end(near[s : s + 160], s)
+    delay_before = det.echo_delay_ms
+    assert det.idle
+    gap = 80000
+    det.skip_to(cut + gap)
+    assert det.echo_delay_ms == delay_before  # what was learnt survives the jump
+    for s in range(cut, near.size, 160):
+        det.far_end(far[s : s + 160], s + gap)
+        got += det.near_end(near[s : s + 160], s + gap)
+    got_starts = [e.onset_sample - (gap if e.onset_sample >= cut else 0) for e in starts(got)]
+    assert got_starts[0] == pytest.approx(first.onset_sample, abs=320)
+    assert len(starts(got)) == len(starts(expected))
+
+
+def test_skip_to_refuses_mid_speech() -> None:
+    det = BargeInDetector()
+    speech = A.phone_leg(A.at_level(A.caller_utterances()[0], -20.0))
+    for s in range(0, speech.size, 160):
+        det.far_end(np.zeros(160, np.int16), s)
+        det.near_end(speech[s : s + 160], s)
+        if det.speaking:
+            break
+    assert det.speaking and not det.idle
+    with pytest.raises(RuntimeError):
+        det.skip_to(10**6)

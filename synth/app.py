@@ -56,8 +56,8 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 async def run_worker(cfg: Config) -> int:
     """Run one worker on the configured bus until SIGINT/SIGTERM.
 
-    ``voxgate worker`` uses it against a shared Redis; ``voxgate serve`` with the in-memory bus
-    (the SIP/WebRTC gateway joins that process in the gateway issue).
+    ``voxgate worker`` runs it against a shared Redis (``voxgate serve`` runs a worker inside
+    the gateway process instead: ``gateway.app.run_gateway``).
     """
     stop = asyncio.Event()
     install_stop_signals(stop)

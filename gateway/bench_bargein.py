@@ -39,7 +39,6 @@ import math
 import os
 import platform
 import random
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,6 +52,7 @@ from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
 from gateway.calls import Call
 from gateway.control import UtteranceFinished, WorkerStopped
+from gateway.localgw import local_gateway
 from gateway.sip.message import Address
 from gateway.testclient import RtpPeer, SipClient, rms
 from synth.bench import percentiles
@@ -208,69 +208,16 @@ class Live:
     settings: dict[str, Any]
 
 
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_sip_port() -> int:
-    for _ in range(50):
-        port = _free_port(socket.SOCK_DGRAM)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free SIP port")
-
-
 @contextlib.asynccontextmanager
 async def live_gateway(engine: Engine) -> AsyncIterator[Live]:
-    from gateway.app import Gateway
-    from gateway.config import load
-    from synth.bus.memory import MemoryBus
-    from synth.worker import Worker
-
-    cfg = load(
-        None,
-        env={},
-        overrides={
-            "gateway.sip_listen": f"127.0.0.1:{_free_sip_port()}",
-            "gateway.http_listen": f"127.0.0.1:{_free_port(socket.SOCK_STREAM)}",
-            "gateway.rtp_port_min": 30000,
-            "gateway.rtp_port_max": 32000,
-            "ivr.idle_timeout_s": 0,
-        },
-    )
-    bus = MemoryBus()
-    await bus.start()
-    stop = asyncio.Event()
-    worker = Worker(bus, engine, name="bench-bargein", concurrency=2)
-    worker_task = asyncio.create_task(worker.run(stop))
-    gw = Gateway(cfg, bus)
-    await gw.start()
-    try:
-        for _ in range(1200):
-            if await bus.ready_workers():
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError("the worker did not get ready")
-        host, _, port = cfg.gateway.sip_listen.rpartition(":")
-        b = cfg.bargein
+    async with local_gateway(engine, name="bench-bargein") as local:
+        b = local.cfg.bargein
         settings = {
             "aggressiveness": b.aggressiveness, "min_speech_ms": b.min_speech_ms,
             "hangover_ms": b.hangover_ms, "echo_margin_db": b.echo_margin_db,
-            "fade_ms": b.fade_ms,
+            "fade_ms": b.fade_ms, "frame_ms": b.frame_ms,
         }  # fmt: skip
-        yield Live(gw, (host, int(port)), settings)
-    finally:
-        await gw.close()
-        stop.set()
-        await worker_task
-        await bus.close()
+        yield Live(local.gw, local.sip, settings)
 
 
 # --- one call ------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.localgw import free_port
 from gateway.testclient import ClientCall, SipClient, SipClientError
 from synth.bench import percentiles
 
@@ -230,23 +231,6 @@ async def _dump_stats(gw: Any, path: Path) -> None:
 
 
 # --- the benchmark's side ----------------------------------------------------------------------
-def free_port(kind: int = socket.SOCK_DGRAM, *, both: bool = False, even: bool = False) -> int:
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, kind) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if even and (port % 2 or port > 65000):
-            continue
-        if both:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no free port")
-
-
 @dataclass
 class CpuSample:
     t: float

@@ -55,7 +55,7 @@ from gateway.control import UtteranceFinished, WorkerStopped
 from gateway.localgw import local_gateway
 from gateway.sip.message import Address
 from gateway.testclient import RtpPeer, SipClient, rms
-from synth.bench import percentiles
+from synth.benchutil import cpu_model, fmt, percentiles, strict_json
 from synth.engines.base import Engine
 
 Int16Array = npt.NDArray[np.int16]
@@ -352,9 +352,7 @@ async def echo_only_call(live: Live) -> dict[str, Any]:
 
 # --- the run -------------------------------------------------------------------------------------
 def conditions(opts: BenchOptions, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    cpu = cpu_model()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -491,33 +489,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
 
 
 # --- output --------------------------------------------------------------------------------------
-def _no_nan(o: object) -> object:
-    """NaN (no data) → None, so the JSON is strict."""
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, np.generic):
-        return _no_nan(o.item())
-    if isinstance(o, dict):
-        return {k: _no_nan(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_no_nan(v) for v in o]
-    return o
-
-
-def _f(x: Any, spec: str = ".1f") -> str:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return "n/a"
-    return "n/a" if math.isnan(v) else format(v, spec)
-
-
 def format_report(r: dict[str, Any]) -> str:
     c, t, e, met = r["conditions"], r["trials"], r["echo_only"], r["met"]
 
     def row(name: str, d: dict[str, Any], extra: str = "") -> str:
         return (
-            f"  {name:<44} p50 {_f(d['p50']):>7}  p95 {_f(d['p95']):>7}  p99 {_f(d['p99']):>7}"
+            f"  {name:<44} p50 {fmt(d['p50']):>7}  p95 {fmt(d['p95']):>7}  p99 {fmt(d['p99']):>7}"
             f"  (n={d['n']}){extra}"
         )
 
@@ -563,10 +540,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"  missed barge-ins (no decision within 1 s of onset): {t['missed']} of {t['speech']} "
         f"[{mark('missed')}]; early (before the onset): {t['early_bargeins']}"
         + (f"; errors: {t['errors']}" if t["errors"] else ""),
-        f"  echo only (−15 dB, no caller speech): {e['calls']} calls, {_f(e['echo_s'])} s of "
-        f"echo, {e['false_bargeins']} false barge-ins = {_f(e['false_per_min'], '.2f')}/min "
+        f"  echo only (−15 dB, no caller speech): {e['calls']} calls, {fmt(e['echo_s'])} s of "
+        f"echo, {e['false_bargeins']} false barge-ins = {fmt(e['false_per_min'], '.2f')}/min "
         f"[{mark('false_bargeins_on_echo')}]; greetings played to the end: "
-        f"{e['greetings_done']}/{e['calls']}; echo sent at {_f(e['echo_level_db']['p50'])} dB "
+        f"{e['greetings_done']}/{e['calls']}; echo sent at {fmt(e['echo_level_db']['p50'])} dB "
         "re the received agent audio",
         "  reference: pipecat 1.14 stock telephony agent, onset → silence 326 ms p50 / 625 ms "
         "p95, hard cut",
@@ -596,7 +573,7 @@ def cmd_bench_bargein(args: argparse.Namespace) -> int:
         print(f"voxgate bench bargein: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(_no_nan(result), indent=2, default=str))
+        print(json.dumps(strict_json(result), indent=2, default=str))
     else:
         print(format_report(result))
     return 0

@@ -53,7 +53,7 @@ import numpy as np
 
 from gateway.localgw import free_port
 from gateway.testclient import ClientCall, SipClient, SipClientError
-from synth.bench import percentiles
+from synth.benchutil import cpu_model, fmt, percentiles, strict_json
 
 TARGETS = {
     "calls": 100,
@@ -362,9 +362,7 @@ def hist_delta(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, float]:
 
 
 def conditions(opts: BenchOptions) -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    cpu = cpu_model()
     sipp_version = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run([opts.sipp, "-v"], capture_output=True, text=True, timeout=5)
@@ -764,27 +762,9 @@ def _report(
     result["cpu"]["other_processes"] = load["cpu_others"]
     result["cpu"]["system_busy_pct_all_cores"] = load["system_busy_pct"]
     result["calls"]["load_calls_seen_by_gateway"] = len(load_calls)
-    clean = _no_nan(result)
+    clean = strict_json(result)
     assert isinstance(clean, dict)
     return clean
-
-
-def _no_nan(o: object) -> object:
-    """NaN (no data) → None, so the JSON is strict."""
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _no_nan(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_no_nan(v) for v in o]
-    return o
-
-
-def _f(x: Any, spec: str = ".1f") -> str:
-    try:
-        return format(float(x), spec)
-    except (TypeError, ValueError):
-        return "n/a"
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -795,8 +775,8 @@ def format_report(r: dict[str, Any]) -> str:
     def row(name: str, d: dict[str, Any], extra: str = "") -> str:
         n = d.get("n", 0)
         return (
-            f"  {name:<44}{n:>7}{_f(d.get('p50')):>9}{_f(d.get('p95')):>9}"
-            f"{_f(d.get('p99')):>9}{_f(d.get('max')):>9}  {extra}"
+            f"  {name:<44}{n:>7}{fmt(d.get('p50')):>9}{fmt(d.get('p95')):>9}"
+            f"{fmt(d.get('p99')):>9}{fmt(d.get('max')):>9}  {extra}"
         )
 
     def mark(key: str) -> str:
@@ -842,18 +822,20 @@ def format_report(r: dict[str, Any]) -> str:
         f"{p['skipped_ticks_total']} skipped ticks (pacing stalls); receiver: "
         f"{u['receiver_seq_gaps']} seq gaps, {u['receiver_skipped_frames']} skipped frames"
         f"   [{mark('underruns')}]",
-        f"  ticker longest wake-up: {_f(p['ticker_batch_max_ms'], '.2f')} ms",
-        f"  CPU (% of one core): idle {_f(cpu['idle'].get('process_pct'))}, plateau "
-        f"{_f(cpu['plateau'].get('process_pct'))} (event loop "
-        f"{_f(cpu['plateau'].get('event_loop_thread_pct'))}, other threads "
-        f"{_f(cpu['plateau'].get('other_threads_pct'))})",
-        f"  per call: {_f(cpu['per_call_pct_core'], '.3f')} % process, "
-        f"{_f(cpu['per_call_event_loop_pct_core'], '.3f')} % event loop "
+        f"  ticker longest wake-up: {fmt(p['ticker_batch_max_ms'], '.2f')} ms",
+        f"  CPU (% of one core): idle {fmt(cpu['idle'].get('process_pct'))}, plateau "
+        f"{fmt(cpu['plateau'].get('process_pct'))} (event loop "
+        f"{fmt(cpu['plateau'].get('event_loop_thread_pct'))}, other threads "
+        f"{fmt(cpu['plateau'].get('other_threads_pct'))})",
+        f"  per call: {fmt(cpu['per_call_pct_core'], '.3f')} % process, "
+        f"{fmt(cpu['per_call_event_loop_pct_core'], '.3f')} % event loop "
         f"(target <= {r['targets']['cpu_per_call_pct']}) [{mark('cpu_per_call')}]",
         f"    {cpu['note']}",
-        f"  whole box busy during the plateau: {_f(cpu['system_busy_pct_all_cores'])} % of all "
+        f"  whole box busy during the plateau: {fmt(cpu['system_busy_pct_all_cores'])} % of all "
         f"cores; other processes: "
-        + ", ".join(f"{k} {_f(v.get('process_pct'))} %" for k, v in cpu["other_processes"].items()),
+        + ", ".join(
+            f"{k} {fmt(v.get('process_pct'))} %" for k, v in cpu["other_processes"].items()
+        ),
     ]
     return "\n".join(lines)
 

@@ -14,12 +14,12 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from synth.benchutil import cpu_model, percentiles
 from synth.bus.memory import MemoryBus
 from synth.bus.schema import SpeakRequest
 from synth.engines.base import Engine
@@ -37,31 +37,6 @@ PROMPTS = [
 ]
 
 TARGETS = {"ttfa_p95_1_ms": 120.0, "ttfa_p95_4_ms": 250.0, "ratio_max": 0.5, "rtf_max": 0.05}
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {
-            "n": 0,
-            "p50": float("nan"),
-            "p95": float("nan"),
-            "p99": float("nan"),
-            "mean": float("nan"),
-        }
-    s = sorted(values)
-
-    def pct(q: float) -> float:
-        # Nearest-rank percentile: an observed value, no interpolation across outliers.
-        k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
-        return s[k]
-
-    return {
-        "n": len(s),
-        "p50": pct(50),
-        "p95": pct(95),
-        "p99": pct(99),
-        "mean": statistics.fmean(s),
-    }
 
 
 @dataclass
@@ -184,14 +159,7 @@ async def bench_synth(
 
 
 def conditions(engine: Engine, profile: str, warm_s: float) -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
+    cpu = cpu_model()
     load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return {
         "engine": engine.name,

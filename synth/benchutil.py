@@ -1,0 +1,67 @@
+"""What every voxgate benchmark shares: nearest-rank percentiles, the run conditions' CPU
+model, strict JSON (NaN means "no data" and becomes null) and table formatting."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+import statistics
+from typing import Any
+
+import numpy as np
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {
+            "n": 0,
+            "p50": float("nan"),
+            "p95": float("nan"),
+            "p99": float("nan"),
+            "mean": float("nan"),
+        }
+    s = sorted(values)
+
+    def pct(q: float) -> float:
+        # Nearest-rank percentile: an observed value, no interpolation across outliers.
+        k = max(0, min(len(s) - 1, round(q / 100 * len(s) + 0.5) - 1))
+        return s[k]
+
+    return {
+        "n": len(s),
+        "p50": pct(50),
+        "p95": pct(95),
+        "p99": pct(99),
+        "mean": statistics.fmean(s),
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (for the run conditions every benchmark prints)."""
+    cpu = platform.processor() or ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    return cpu
+
+
+def strict_json(o: object) -> object:
+    """NaN (no data) → None and numpy scalars → Python, recursively, so the JSON is strict."""
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, np.generic):
+        return strict_json(o.item())
+    if isinstance(o, dict):
+        return {k: strict_json(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [strict_json(v) for v in o]
+    return o
+
+
+def fmt(x: Any, spec: str = ".1f") -> str:
+    """A table cell: the number formatted, or "n/a" for missing/NaN."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(v) else format(v, spec)

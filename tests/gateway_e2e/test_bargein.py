@@ -69,8 +69,12 @@ async def test_caller_speech_stops_the_greeting_with_a_fade(
         for p, f in zip(pkts, frames, strict=True):
             pcm[p.ts - ts0 : p.ts - ts0 + 160] = f
         assert rms(pcm[start - 800 : start]) > 100, "the agent was not audible before the cut"
+        # The fade ramps down (cosine gain ≤ 0.025 over its last 1 ms), so its end is a small
+        # fraction of its loudest sample: a taper, not a cut. Whether the
+        # taper is click-free is shown on spectra in tests/dsp/test_fades.py; the speech itself
+        # may rise inside the 10 ms, so no bound against the audio before it is asserted.
         fade = np.abs(pcm[start:zero])
-        assert fade.max() <= np.abs(pcm[start - 80 : start]).max() * 1.5 + 50  # no jump up
+        assert fade[-8:].max() <= 0.1 * int(fade.max()) + 24, fade
         assert np.all(pcm[zero : zero + 4000] == 0), "audio after the fade reached zero"
         # Onset to zero on the gateway's media clock (issue target p95 ≤ 120 ms, measured by
         # the benchmark; this guards against a regression).

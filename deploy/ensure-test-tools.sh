@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Make sure the interop test peers are installed (tests/interop): sipp (Debian sip-tester),
-# baresip (baresip-core), espeak-ng and sox. Installs with apt-get only what is missing; quiet
+# baresip (baresip-core), espeak-ng and sox, and Chromium for the softphone tests (tests/browser). Installs with apt-get only what is missing; quiet
 # and idempotent. Without root (or sudo) it only warns: the interop tests then skip.
 set -euo pipefail
-declare -A pkg_of=([sipp]=sip-tester [baresip]=baresip-core [espeak-ng]=espeak-ng [sox]=sox)
+declare -A pkg_of=([sipp]=sip-tester [baresip]=baresip-core [espeak-ng]=espeak-ng [sox]=sox [chromium]=chromium)
 missing=()
-for tool in sipp baresip espeak-ng sox; do
+for tool in sipp baresip espeak-ng sox chromium; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg_of[$tool]}")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0

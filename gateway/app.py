@@ -21,6 +21,7 @@ from gateway.sip import parse_uri
 from gateway.sip.events import Event as SipEvent
 from gateway.sip_register import Registrar
 from gateway.sip_ua import SipUA, resolve_uri
+from gateway.webrtc.service import WebRtcService
 from synth.app import build_bus, build_engine, build_worker, install_stop_signals
 
 log = logging.getLogger("voxgate.gateway")
@@ -40,6 +41,8 @@ class Gateway:
         )  # fmt: skip
         self.ticker = MediaTicker()
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker)
+        # Browser calls run at the worker's wideband rate (no telephone band limit).
+        self.webrtc = WebRtcService(self.manager, cfg.webrtc, rate=cfg.synth.wideband_rate)
         self.runner: web.AppRunner | None = None
         self.registrar: Registrar | None = None
         self.http_port = 0
@@ -66,7 +69,7 @@ class Gateway:
             await self._start_registration()
         app = make_app(
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
-            extra_routes=[web.get("/readyz", self.readyz)],
+            extra_routes=[web.get("/readyz", self.readyz), *self.webrtc.routes()],
         )  # fmt: skip
         self.runner = await start_api(app, host, port)
         addresses = self.runner.addresses
@@ -95,6 +98,7 @@ class Gateway:
     async def close(self) -> None:
         if self.registrar is not None:
             await self.registrar.close()
+        await self.webrtc.close()
         await self.ua.close()
         self.ticker.close()
         if self.runner is not None:

@@ -100,17 +100,23 @@ class WorkerConfig:
     claim_idle_ms: int = 10000
     # Default deadline for a request that carries none, in seconds.
     default_deadline_s: float = 30.0
+    # `voxgate worker`'s HTTP listener: /healthz, /readyz (warmed up and the bus answers) and
+    # /metrics (Prometheus). Empty disables it. `voxgate serve` shows worker metrics on the
+    # gateway's /metrics instead.
+    http_listen: str = "127.0.0.1:9091"
 
     def validate(self) -> None:
         _positive("worker.claim_idle_ms", self.claim_idle_ms)
         _positive("worker.default_deadline_s", self.default_deadline_s)
+        if self.http_listen:
+            parse_hostport("worker.http_listen", self.http_listen)
 
 
 @dataclass
 class GatewayConfig:
     # SIP over UDP and TCP on the same address.
     sip_listen: str = "0.0.0.0:5060"
-    # Control API and (later) the softphone page.
+    # Control API and the softphone page (/phone).
     http_listen: str = "127.0.0.1:8080"
     # Bearer token for the control API; required when http_listen is not loopback.
     api_token: str = ""
@@ -230,6 +236,35 @@ class BargeinSettings:
 
 
 @dataclass
+class WebrtcConfig:
+    """The browser leg (gateway/webrtc): softphone page at /phone, offers at /api/webrtc/offer."""
+
+    enabled: bool = True
+    # ICE servers for both peers, comma-separated (stun:host:3478, turn:host?transport=udp).
+    # Empty by default: nothing leaves the machine unless an operator asks for it.
+    ice_servers: str = ""
+    # Credentials for the turn: URLs above.
+    ice_username: str = ""
+    ice_credential: str = ""
+    # A browser that sends no audio for this long (tab closed, network gone) is hung up.
+    media_timeout_s: float = 5.0
+    # ICE + DTLS must complete within this long after the answer, or the call is dropped.
+    connect_timeout_s: float = 15.0
+
+    def ice_urls(self) -> list[str]:
+        return [u.strip() for u in self.ice_servers.split(",") if u.strip()]
+
+    def validate(self) -> None:
+        for url in self.ice_urls():
+            if not url.startswith(("stun:", "stuns:", "turn:", "turns:")):
+                raise ConfigError(
+                    f"webrtc.ice_servers: expected stun:/turn: URLs, got {url!r}"
+                )
+        _positive("webrtc.media_timeout_s", self.media_timeout_s)
+        _positive("webrtc.connect_timeout_s", self.connect_timeout_s)
+
+
+@dataclass
 class LogConfig:
     level: str = "info"
     # "json" (structured, for operators) or "text".
@@ -248,6 +283,7 @@ class Config:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     ivr: IvrConfig = field(default_factory=IvrConfig)
     bargein: BargeinSettings = field(default_factory=BargeinSettings)
+    webrtc: WebrtcConfig = field(default_factory=WebrtcConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:

@@ -201,6 +201,8 @@ class WebRtcClient:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                if not isinstance(frame, av.AudioFrame):
+                    continue
                 now = time.monotonic()
                 data = frame.to_ndarray().reshape(-1)
                 channels = len(frame.layout.channels)

@@ -69,6 +69,22 @@ def register_bench(bench_sub: SubParsers) -> None:
     )  # fmt: skip
     b.set_defaults(func=cmd_bench_bargein)
 
+    w = bench_sub.add_parser(
+        "webrtc",
+        help="browser legs over real WebRTC on loopback: connect to first audio, concurrent legs",
+    )
+    w.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    w.add_argument(
+        "--calls", type=int, default=20, help="sequential calls for connect → first audio (20)"
+    )
+    w.add_argument(
+        "--steps", default=None, metavar="N,N,...",
+        help="concurrent legs to hold, in steps (default 5,10,20,30,40)",
+    )  # fmt: skip
+    w.add_argument("--window", type=float, default=5.0, help="seconds measured per step (5)")
+    w.add_argument("--quick", action="store_true", help="a short smoke run: 3 calls, 2 and 4 legs")
+    w.set_defaults(func=cmd_bench_webrtc)
+
 
 def cmd_bench_calls(args: argparse.Namespace) -> int:
     from gateway.bench_calls import cmd_bench_calls as run
@@ -78,6 +94,12 @@ def cmd_bench_calls(args: argparse.Namespace) -> int:
 
 def cmd_bench_bargein(args: argparse.Namespace) -> int:
     from gateway.bench_bargein import cmd_bench_bargein as run
+
+    return run(args)
+
+
+def cmd_bench_webrtc(args: argparse.Namespace) -> int:
+    from gateway.bench_webrtc import cmd_bench_webrtc as run
 
     return run(args)
 

@@ -169,6 +169,12 @@ class WebRtcLeg:
         transceiver.setCodecPreferences(wanted)
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        # Answered now, as a SIP call is at its 200: the agent starts (and the worker
+        # synthesises its first words) while ICE and DTLS are still connecting, so the greeting
+        # is ready when the first packet can go. Playout starts at the first media tick.
+        self.call.set_codec(_codec_name(self.codec))
+        self.call.set_state("answered")
+        self._spawn(self.call.start(self.call.manager.agent_for(self.call)), "start")
         self._spawn(self._watchdog(), "watchdog")
         self._spawn(self._forward_events(), "events")
         return self.pc.localDescription.sdp
@@ -280,9 +286,6 @@ class WebRtcLeg:
         if state == "connected" and self._connected_at is None:
             self._connected_at = time.monotonic()
             self._last_media = self._connected_at
-            self.call.set_codec(_codec_name(self.codec))
-            self.call.set_state("answered")
-            await self.call.start(self.call.manager.agent_for(self.call))
         elif state in ("failed", "closed"):
             self._spawn(self._close(f"connection {state}"), "hangup")
 

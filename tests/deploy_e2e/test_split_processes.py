@@ -102,3 +102,56 @@ async def test_sip_call_through_separate_gateway_and_worker(
         assert started and "Thank you for calling" in str(started[0]["text"])
         async with http.get(f"{base}/api/calls") as r:
             assert (await r.json())["calls"] == []
+
+
+async def test_browser_call_through_separate_gateway_and_worker(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """A WebRTC call whose wideband audio is synthesised by a worker in another process."""
+    from gateway.webrtc.client import WebRtcClient
+
+    prefix = f"vgsplit-{uuid.uuid4().hex[:8]}"
+    http_port = free_port(socket.SOCK_STREAM)
+    bus = ["--redis", REDIS_URL, "--bus-prefix", prefix]
+    procs.append(voxgate("worker", *bus, "--worker-name", "split-w2"))
+    gw = voxgate("gateway", *bus, "--sip-listen", f"127.0.0.1:{free_port()}",
+                 "--http-listen", f"127.0.0.1:{http_port}")  # fmt: skip
+    procs.append(gw)
+    base = f"http://127.0.0.1:{http_port}"
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + 90
+        while True:
+            assert gw.poll() is None, (gw.stderr.read() if gw.stderr else b"").decode()[-2000:]
+            try:
+                async with http.get(f"{base}/readyz") as r:
+                    if r.status == 200:
+                        break
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, "gateway+worker never became ready"
+            await asyncio.sleep(0.2)
+        client = WebRtcClient(base)
+        try:
+            await client.connect()
+            await client.wait_audio(timeout=15)
+            await asyncio.sleep(1.5)
+            # Wideband speech at a normal level: energy above 4 kHz is there (no phone band).
+            import numpy as np
+
+            pcm = client.heard.pcm().astype(np.float64)
+            assert float(np.sqrt(np.mean(pcm**2))) > 500
+            spectrum = np.abs(np.fft.rfft(pcm[-48000:])) ** 2
+            freqs = np.fft.rfftfreq(48000, 1 / 48000)
+            high = spectrum[(freqs > 4500) & (freqs < 8000)].sum() / spectrum.sum()
+            assert high > 1e-3, high  # a 3.8 kHz telephone chain would leave < 1e-6 here
+            client.press("1")
+            await client.wait_message("dtmf", digit="1")
+        finally:
+            await client.hangup()
+        deadline = time.monotonic() + 5
+        while True:
+            async with http.get(f"{base}/api/calls") as r:
+                if (await r.json())["calls"] == []:
+                    break
+            assert time.monotonic() < deadline, "the browser call was not cleaned up"
+            await asyncio.sleep(0.1)

@@ -147,6 +147,7 @@ class Call:
             SpeakRequest(
                 call_id=self.id, utterance_id=utt, text=text,
                 profile=self.profile, trace_id=self.trace_id,  # type: ignore[arg-type]
+                rate=self.rate if self.profile == "wideband" else 0,
             )
         )  # fmt: skip
         return utt

@@ -110,6 +110,16 @@ class Playout:
         if u is None:
             self.stats.dropped_chunks += isinstance(msg, AudioChunk)
             return []
+        if isinstance(msg, AudioChunk) and msg.rate != self.rate:
+            # Audio at another rate would play too fast or too slow (a worker configured with
+            # another wideband rate): end the utterance with an error rather than garble it.
+            self.stats.dropped_chunks += 1
+            if u.ended:
+                return []
+            u.ended = True
+            u.error = f"rate_mismatch: audio at {msg.rate} Hz on a {self.rate} Hz call"
+            u.end_reason = "error"
+            return self._advance()
         if isinstance(msg, AudioChunk):
             if msg.seq < u.next_seq:
                 self.stats.dropped_chunks += 1

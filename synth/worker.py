@@ -338,7 +338,9 @@ class Worker:
             await self._error(call, utt, 0, exc.code, str(exc), trace)
             report(f"error:{exc.code}", 0, 0)
             return
-        key: CacheKey = (req.text, req.raw, self.engine.voice, req.profile, self.engine.name)
+        rate = req.rate or self.wideband_rate  # wideband only; narrowband is always 8 kHz
+        shape = req.profile if req.profile == "narrowband" else f"wideband/{rate}"
+        key: CacheKey = (req.text, req.raw, self.engine.voice, shape, self.engine.name)
         cached = self.cache.get(key) if self.cache is not None and not self.whole else None
         if cached is not None:
             await self._replay(req, cached, progress, report)
@@ -349,7 +351,7 @@ class Worker:
             pieces,
             req.profile,
             eq_gain_db=self.eq_gain_db,
-            wideband_rate=self.wideband_rate,
+            wideband_rate=rate,
             whole=self.whole,
         )
         seq = 0

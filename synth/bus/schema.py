@@ -15,6 +15,9 @@ from typing import Literal
 
 VERSION = 1
 PROFILES = ("narrowband", "wideband")
+# Output rates a wideband request may ask for (a browser leg asks for its own); narrowband is
+# always 8000 Hz.
+WIDEBAND_RATES = (16000, 24000, 32000, 44100, 48000)
 
 Profile = Literal["narrowband", "wideband"]
 EndReason = Literal["done", "cancelled", "deadline"]
@@ -94,6 +97,9 @@ class SpeakRequest:
     trace_id: str = ""
     # Skip the text normalizer (the caller already sends the spoken form).
     raw: bool = False
+    # Output rate the leg plays at; 0: the worker's default for the profile. Optional on the
+    # wire (absent = 0), so older gateways and workers still understand each other.
+    rate: int = 0
 
     def __post_init__(self) -> None:
         if not self.call_id:
@@ -104,9 +110,14 @@ class SpeakRequest:
             raise SchemaError(
                 f"unknown profile {self.profile!r} (expected {' or '.join(PROFILES)})"
             )
+        allowed = (8000,) if self.profile == "narrowband" else WIDEBAND_RATES
+        if self.rate and self.rate not in allowed:
+            raise SchemaError(
+                f"rate {self.rate} is not one of {', '.join(map(str, allowed))} for {self.profile}"
+            )
 
     def to_fields(self) -> dict[str, str]:
-        return {
+        fields = {
             "v": str(VERSION),
             "type": "speak",
             "call": self.call_id,
@@ -118,6 +129,9 @@ class SpeakRequest:
             "trace": self.trace_id,
             "raw": "1" if self.raw else "0",
         }
+        if self.rate:
+            fields["rate"] = str(self.rate)
+        return fields
 
     @classmethod
     def from_fields(cls, fields: Fields) -> SpeakRequest:
@@ -138,6 +152,7 @@ class SpeakRequest:
             deadline=_float(f, "deadline", 0.0),
             trace_id=_text(f, "trace", required=False),
             raw=_text(f, "raw", required=False, default="0") == "1",
+            rate=_int(f, "rate", default=0),
         )
 
 

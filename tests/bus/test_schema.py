@@ -32,6 +32,7 @@ def test_speak_request_round_trip() -> None:
         deadline=1712345678.125,
         trace_id="t",
         raw=True,
+        rate=16000,
     )
     assert SpeakRequest.from_fields(req.to_fields()) == req
     assert SpeakRequest.from_fields(bytes_fields(req.to_fields())) == req
@@ -54,6 +55,9 @@ def test_speak_request_round_trip() -> None:
         ({"type": "chunk"}, "not a speak request"),
         ({"call": ""}, "call_id must not be empty"),
         ({"utt": ""}, "utterance_id must not be empty"),
+        ({"rate": "fast"}, "not an integer"),
+        ({"rate": "16000"}, "rate 16000 is not one of 8000 for narrowband"),
+        ({"rate": "22050", "profile": "wideband"}, "rate 22050 is not one of"),
     ],
 )
 def test_speak_request_rejects(patch: dict[str, str], message: str) -> None:

@@ -118,6 +118,20 @@ def test_error_finishes_with_error_and_next_plays() -> None:
     assert list(pcm) == [7] * 160 and isinstance(ev[0], PlayoutStarted)
 
 
+def test_audio_at_another_rate_is_an_error_not_garbled_speech() -> None:
+    p = Playout(48000)
+    p.enqueue("wrong")
+    p.enqueue("right")
+    bad = AudioChunk("c", "wrong", 0, 16000, np.full(320, 9, "<i2").tobytes())
+    events = p.on_message(bad)
+    assert isinstance(events[0], PlayoutFinished) and events[0].outcome == "error"
+    assert "rate_mismatch" in (events[0].error or "")
+    assert p.on_message(bad) == []  # later chunks of it are dropped quietly
+    p.on_message(AudioChunk("c", "right", 0, 48000, np.full(960, 5, "<i2").tobytes()))
+    pcm, ev = p.pull(960)
+    assert list(pcm) == [5] * 960 and isinstance(ev[0], PlayoutStarted)
+
+
 def test_cancel_a_queued_utterance() -> None:
     p = Playout()
     p.enqueue("a")

@@ -103,6 +103,16 @@ async def test_wideband_profile_is_48k(bus: Bus) -> None:
     assert 9000 <= len(pcm(msgs)) <= 10500
 
 
+async def test_wideband_request_may_ask_for_its_rate(bus: Bus) -> None:
+    # A 16 kHz browser leg asks for 16 kHz; the render cache keeps the two rates apart.
+    async with running(Worker(bus, ToneEngine(), name="w1", cache_bytes=1 << 20)):
+        msgs16 = await collect(bus, req("one two", profile="wideband", rate=16000))
+        msgs48 = await collect(bus, req("one two", profile="wideband"))
+    assert {m.rate for m in msgs16 if isinstance(m, AudioChunk)} == {16000}
+    assert 3000 <= len(pcm(msgs16)) <= 3500
+    assert {m.rate for m in msgs48 if isinstance(m, AudioChunk)} == {48000}
+
+
 @pytest.mark.parametrize(
     ("text", "kw", "code"),
     [

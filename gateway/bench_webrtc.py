@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import socket
@@ -33,7 +32,7 @@ from typing import Any
 
 from gateway.bench_calls import Proc, _wait_ready, cpu_between, cpu_sample
 from gateway.localgw import free_port
-from synth.benchutil import cpu_model, fmt, percentiles, strict_json
+from synth.benchutil import cpu_model, fmt, percentiles, run_cli
 
 TTFA_TARGET_MS = 500.0
 HOLD_FRACTION = 0.95
@@ -253,13 +252,4 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_bench_webrtc(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
-    try:
-        result = run_bench(opts)
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        print(f"voxgate bench webrtc: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(strict_json(result), indent=2, default=str))
-    else:
-        print(format_report(result))
-    return 0
+    return run_cli("webrtc", lambda: run_bench(opts), format_report, args.json)

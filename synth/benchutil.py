@@ -1,12 +1,15 @@
 """What every voxgate benchmark shares: nearest-rank percentiles, the run conditions' CPU
-model, strict JSON (NaN means "no data" and becomes null) and table formatting."""
+model, strict JSON (NaN means "no data" and becomes null), table formatting and the CLI tail."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import platform
 import statistics
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -65,3 +68,23 @@ def fmt(x: Any, spec: str = ".1f") -> str:
     except (TypeError, ValueError):
         return "n/a"
     return "n/a" if math.isnan(v) else format(v, spec)
+
+
+def run_cli(
+    name: str,
+    run: Callable[[], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+    as_json: bool,
+) -> int:
+    """The tail every ``voxgate bench X`` shares: run, then print JSON or the table; a bench
+    that cannot run (missing tool, gateway not ready) prints one line and exits 1."""
+    try:
+        result = run()
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"voxgate bench {name}: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(strict_json(result), indent=2, default=str))
+    else:
+        print(report(result))
+    return 0

@@ -3,7 +3,6 @@ playing a WAV file, driven over the DevTools protocol against a live gateway."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import wave
 from pathlib import Path
@@ -17,6 +16,7 @@ from gateway.localgw import local_gateway
 from synth.engines import load_engine
 from synth.engines.base import Engine
 from tests.browser.cdp import chromium, chromium_path
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -54,14 +54,6 @@ def mic_wav(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Path:
         w.setframerate(RATE)
         w.writeframes(np.clip(pcm * 32767, -32768, 32767).astype("<i2").tobytes())
     return path
-
-
-async def wait_for(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.05)
 
 
 async def test_softphone_call_in_chromium(engine: Engine, mic_wav: Path) -> None:

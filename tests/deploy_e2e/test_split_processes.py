@@ -54,6 +54,22 @@ def voxgate(*args: str) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+async def wait_ready(
+    http: aiohttp.ClientSession, gw: subprocess.Popen[bytes], base: str, timeout: float = 90
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert gw.poll() is None, (gw.stderr.read() if gw.stderr else b"").decode()[-2000:]
+        try:
+            async with http.get(f"{base}/readyz") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "gateway+worker never became ready"
+        await asyncio.sleep(0.2)
+
+
 @pytest.mark.skipif(shutil.which("sipp") is None, reason="sipp (Debian sip-tester) not installed")
 async def test_sip_call_through_separate_gateway_and_worker(
     procs: list[subprocess.Popen[bytes]],
@@ -67,17 +83,7 @@ async def test_sip_call_through_separate_gateway_and_worker(
     procs.append(gw)
     base = f"http://127.0.0.1:{http_port}"
     async with aiohttp.ClientSession() as http:
-        deadline = time.monotonic() + 90
-        while True:
-            assert gw.poll() is None, (gw.stderr.read() if gw.stderr else b"").decode()[-2000:]
-            try:
-                async with http.get(f"{base}/readyz") as r:
-                    if r.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, "gateway+worker never became ready"
-            await asyncio.sleep(0.2)
+        await wait_ready(http, gw, base)
         events: list[dict[str, object]] = []
         async with http.ws_connect(f"{base}/api/events") as ws:
             sipp = await asyncio.create_subprocess_exec(
@@ -119,17 +125,7 @@ async def test_browser_call_through_separate_gateway_and_worker(
     procs.append(gw)
     base = f"http://127.0.0.1:{http_port}"
     async with aiohttp.ClientSession() as http:
-        deadline = time.monotonic() + 90
-        while True:
-            assert gw.poll() is None, (gw.stderr.read() if gw.stderr else b"").decode()[-2000:]
-            try:
-                async with http.get(f"{base}/readyz") as r:
-                    if r.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, "gateway+worker never became ready"
-            await asyncio.sleep(0.2)
+        await wait_ready(http, gw, base)
         client = WebRtcClient(base)
         try:
             await client.connect()

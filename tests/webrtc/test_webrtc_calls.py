@@ -16,6 +16,7 @@ from gateway.control import BargeIn, DtmfReceived, UtteranceStarted
 from gateway.localgw import local_gateway
 from gateway.webrtc.client import WebRtcClient
 from synth.engines.base import Engine
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,14 +27,6 @@ def caller_speech(engine: Engine, text: str, dbfs: float = -20.0) -> np.ndarray:
     x = np.asarray(wideband(engine.synthesize(text), 26000, 48000), np.float64)
     rms = float(np.sqrt(np.mean(x[np.abs(x) > 1e-3] ** 2)))
     return np.clip(x * (10 ** (dbfs / 20) / rms) * 32768, -32768, 32767).astype(np.int16)
-
-
-async def wait_for(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
 
 
 async def test_greeting_keypad_and_hangup(engine: Engine) -> None:

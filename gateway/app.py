@@ -16,6 +16,7 @@ from gateway.api import check_bind_safety, make_app, start_api, stop_api
 from gateway.calls import CallManager
 from gateway.config import Config, parse_hostport
 from gateway.ivr import IvrAgent
+from gateway.metrics import GatewayMetrics
 from gateway.rtp.endpoint import MediaTicker
 from gateway.sip import parse_uri
 from gateway.sip.events import Event as SipEvent
@@ -23,6 +24,7 @@ from gateway.sip_register import Registrar
 from gateway.sip_ua import SipUA, resolve_uri
 from gateway.webrtc.service import WebRtcService
 from synth.app import build_bus, build_engine, build_worker, install_stop_signals
+from synth.worker import Worker
 
 log = logging.getLogger("voxgate.gateway")
 
@@ -46,6 +48,8 @@ class Gateway:
         self.runner: web.AppRunner | None = None
         self.registrar: Registrar | None = None
         self.http_port = 0
+        # Prometheus /metrics (outside /api/: no token, like /healthz and /readyz).
+        self.metrics = GatewayMetrics(self.manager, bus)
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when the bus answers and at least one warmed-up worker is serving."""
@@ -69,8 +73,10 @@ class Gateway:
             await self._start_registration()
         app = make_app(
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
-            extra_routes=[web.get("/readyz", self.readyz), *self.webrtc.routes()],
+            extra_routes=[web.get("/readyz", self.readyz), web.get("/metrics", self.metrics.handle),
+                          *self.webrtc.routes()],
         )  # fmt: skip
+        self.metrics.start()
         self.runner = await start_api(app, host, port)
         addresses = self.runner.addresses
         self.http_port = int(addresses[0][1]) if addresses else port
@@ -103,6 +109,13 @@ class Gateway:
         self.ticker.close()
         if self.runner is not None:
             await stop_api(self.runner)
+        await self.metrics.close()
+
+    def attach_worker(self, worker: Worker) -> None:
+        """An in-process worker (``voxgate serve``): its metrics go on this /metrics too."""
+        from synth.metrics import WorkerMetrics
+
+        self.metrics.add_refresher(WorkerMetrics(worker, registry=self.metrics.registry).refresh)
 
 
 async def run_gateway(cfg: Config, *, embedded_worker: bool) -> int:
@@ -116,6 +129,7 @@ async def run_gateway(cfg: Config, *, embedded_worker: bool) -> int:
         if embedded_worker:
             engine = await asyncio.to_thread(build_engine, cfg)
             worker = build_worker(cfg, bus, engine)
+            gw.attach_worker(worker)
             worker_task = asyncio.create_task(worker.run(stop))
         await gw.start()
         log.info("gateway ready: SIP %s, HTTP %s", cfg.gateway.sip_listen, cfg.gateway.http_listen)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -46,6 +47,7 @@ from gateway.control import (
 from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from synth.bus.base import Bus, BusError, Subscription
 from synth.bus.schema import SpeakRequest, UtteranceEnd
+from synth.logs import bind_log_context
 from synth.text.chunker import Chunker
 
 log = logging.getLogger("voxgate.calls")
@@ -112,6 +114,12 @@ class Call:
         self._texts: dict[str, str] = {}
         self._dtmf_cuts: dict[str, bool] = {}
         self.trace_id = uuid.uuid4().hex[:16]
+        # Logs of this call (and of its tasks, through the bound log context) carry these.
+        self.log_fields = {"call_id": info.id, "trace_id": self.trace_id}
+        self._log_ctx = contextvars.copy_context()
+        self._log_ctx.run(bind_log_context, **self.log_fields)
+        # say() time of utterances not yet audible: time to first audio (gateway.metrics).
+        self._said_at: dict[str, float] = {}
 
     # --- CallHandle ----------------------------------------------------------------------
     @property
@@ -143,6 +151,7 @@ class Call:
         self._texts[utt] = text
         self._dtmf_cuts[utt] = dtmf_interrupts
         self._barge_cuts[utt] = barge_in
+        self._said_at[utt] = time.monotonic()
         await self.manager.bus.submit(
             SpeakRequest(
                 call_id=self.id, utterance_id=utt, text=text,
@@ -194,6 +203,9 @@ class Call:
             changes["answered_at"] = now
         if state == "ended":
             changes.update(ended_at=now, end_reason=reason)
+        if state in ("answered", "ended") and state != self._info.state:
+            log.info("call %s %s%s", self.id, state, f" ({reason})" if reason else "",
+                     extra=self.log_fields)  # fmt: skip
         self._info = _replace(self._info, **changes)
         self.emit(CallStateChanged(self.id, state=state, reason=reason))
 
@@ -274,6 +286,7 @@ class Call:
             zero_ms=(start + faded) * ms, faded_samples=faded,
         )  # fmt: skip
         self.bargeins.append(record)
+        log.info("call %s: barge-in on utterance %s", self.id, current, extra=self.log_fields)
         self.emit(record)
 
     def interrupt(self, *, clear_queue: bool = True) -> None:
@@ -307,6 +320,10 @@ class Call:
     def _on_playout(self, events: list[PlayoutEvent]) -> None:
         for ev in events:
             if isinstance(ev, PlayoutStarted):
+                said = self._said_at.pop(ev.utterance_id, None)
+                if said is not None:
+                    for hook in self.manager.on_first_audio:
+                        hook(self, time.monotonic() - said)
                 self.emit(
                     UtteranceStarted(
                         self.id,
@@ -316,6 +333,7 @@ class Call:
                 )
             elif isinstance(ev, PlayoutFinished):
                 self._texts.pop(ev.utterance_id, None)
+                self._said_at.pop(ev.utterance_id, None)
                 self._dtmf_cuts.pop(ev.utterance_id, None)
                 if ev.outcome in ("interrupted", "cancelled"):
                     self._spawn(self._cancel(ev.utterance_id))
@@ -360,8 +378,9 @@ class Call:
                 await agent.on_end(self)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str = "call") -> None:
-        # The agent task is named so ``ended`` lets it finish (it runs on_end).
-        task = self._loop.create_task(coro, name=f"{name}-{self.id}")
+        # The agent task is named so ``ended`` lets it finish (it runs on_end). Each task runs
+        # in a copy of the call's log context, so its logs carry call_id and trace_id.
+        task = self._loop.create_task(coro, name=f"{name}-{self.id}", context=self._log_ctx.copy())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -394,6 +413,10 @@ class CallManager:
         # Set by the SIP side: place an outbound call (to, caller) and return it ringing.
         self.originate_hook: Callable[[str, str | None], Awaitable[Call]] | None = None
         self.outcomes: dict[str, int] = {}
+        # Observability hooks (gateway.metrics): a call leaving the registry (after its
+        # ended state), and an utterance's first audio frame played, seconds after say().
+        self.on_forget: list[Callable[[Call], None]] = []
+        self.on_first_audio: list[Callable[[Call, float], None]] = []
 
     def full(self) -> bool:
         return len(self.calls) >= self.max_calls
@@ -417,6 +440,7 @@ class CallManager:
         )  # fmt: skip
         call = Call(self, info, rate=rate, profile=profile)
         self.calls[call.id] = call
+        log.info("call %s: new %s %s call", call.id, direction, leg_kind, extra=call.log_fields)
         self.publish(CallStateChanged(call.id, state="ringing"))
         return call
 
@@ -424,6 +448,8 @@ class CallManager:
         self.calls.pop(call.id, None)
         reason = call.info.end_reason or "unknown"
         self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
+        for hook in self.on_forget:
+            hook(call)
 
     def agent_for(self, call: Call) -> Agent | None:
         return self.agent_factory(call.info) if self.agent_factory is not None else None

@@ -109,6 +109,12 @@ class SipLeg:
         for d in digits:
             session.pacer.send_dtmf(d)
 
+    def media_stats(self) -> dict[str, float]:
+        """RTP counters for ``/metrics`` (``gateway.metrics.MediaStatsLeg``); read at scrape
+        time, and once more when the call ends (the session outlives its closed socket)."""
+        session = self.endpoint.session if self.endpoint is not None else None
+        return session.media_stats() if session is not None else {}
+
     # --- lifecycle -----------------------------------------------------------------------
     async def end(self, reason: str) -> None:
         if self.ended:

@@ -61,12 +61,21 @@ async def run_worker(cfg: Config) -> int:
     """
     stop = asyncio.Event()
     install_stop_signals(stop)
+    from synth.health import WorkerHttp
+
     bus = build_bus(cfg)
     await bus.start()
+    # Health/readiness/metrics from before the engine loads: alive, not ready until warm.
+    http = WorkerHttp(bus)
     try:
+        if cfg.worker.http_listen:
+            await http.start(cfg.worker.http_listen)
         engine = await asyncio.to_thread(build_engine, cfg)
-        await build_worker(cfg, bus, engine).run(stop)
+        worker = build_worker(cfg, bus, engine)
+        http.attach(worker)
+        await worker.run(stop)
     finally:
+        await http.close()
         await bus.close()
     return 0
 

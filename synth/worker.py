@@ -33,6 +33,7 @@ from synth.bus.schema import (
 )
 from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine
+from synth.logs import bind_log_context
 from synth.render import Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
 
@@ -113,6 +114,14 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self.ready = False
         self.voice_names = {"", getattr(engine, "voice", "")}
+        # Errors answered on calls' streams by code, plus "bus" (a request left for a claim
+        # because the bus failed): read by synth.metrics.
+        self.errors: dict[str, int] = {}
+
+    @property
+    def in_flight(self) -> int:
+        """Utterances being served now."""
+        return len(self._active)
 
     # --- lifecycle ----------------------------------------------------------------------
     async def warmup(self) -> float:
@@ -140,6 +149,7 @@ class Worker:
 
         ``warm=False`` skips warm-up for an engine the caller already warmed (benchmarks).
         """
+        bind_log_context(worker=self.name)
         if warm:
             await self.warmup()
         self._executor = executor = PriorityExecutor(self._threads)
@@ -240,6 +250,12 @@ class Worker:
     async def _handle(self, d: Delivery) -> None:
         read_at = time.perf_counter()
         req = d.request
+        # This task's logs carry the request's ids (trace_id: the gateway call's).
+        bind_log_context(
+            call_id=req.call_id if req else d.call_id,
+            utterance_id=req.utterance_id if req else d.utterance_id,
+            trace_id=req.trace_id if req else "",
+        )
         try:
             if req is None:
                 if d.call_id:
@@ -267,6 +283,7 @@ class Worker:
         except BusError as exc:
             # Leave it unacked: another worker claims it once the bus is back.
             log.error("bus error while serving %s: %s", d.id, exc)
+            self.errors["bus"] = self.errors.get("bus", 0) + 1
             return
         except Exception as exc:
             log.exception("unexpected failure serving %s", d.id)
@@ -286,6 +303,7 @@ class Worker:
     async def _error(
         self, call: str, utt: str, seq: int, code: str, message: str, trace: str
     ) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
         await self.bus.publish(UtteranceError(call, utt, seq, code, message, trace))
 
     def _expired(self, d: Delivery, req: SpeakRequest) -> bool:
@@ -299,7 +317,16 @@ class Worker:
         call, utt, trace = req.call_id, req.utterance_id, req.trace_id
         progress = _Progress()
 
+        log.info("utterance %s: request for call %s, %d chars (delivery %d)",
+                 utt, call, len(req.text), d.deliveries)  # fmt: skip
+
         def report(outcome: str, samples: int, rate: int) -> None:
+            first_ms = (
+                f"{(progress.first_at - read_at) * 1000:.0f} ms"
+                if progress.first_at is not None else "-"
+            )  # fmt: skip
+            log.info("utterance %s %s: %.2f s of audio, first chunk after %s",
+                     utt, outcome, samples / rate if rate else 0.0, first_ms)  # fmt: skip
             if self.on_stats is not None:
                 self.on_stats(
                     UtteranceStats(

@@ -150,6 +150,16 @@ class RtpSession:
         frame = self.jitter.pull()
         return TickResult(packet, frame, self.dtmf.poll(now))
 
+    def media_stats(self) -> dict[str, float]:
+        """The few counters ``/metrics`` aggregates over calls (see ``gateway.metrics``)."""
+        j = self.jitter.stats()
+        return {
+            "packets_received": float(j.received),
+            "packets_lost": float(max(j.lost, 0)),  # RFC 3550 loss goes negative on duplicates
+            "late_sends": float(self.pacer.late_sends),
+            "jitter_buffer_ms": float(j.depth_ms),
+        }
+
     def stats(self) -> dict[str, Any]:
         j = self.jitter.stats()
         p = self.pacer.stats()

@@ -1,0 +1,327 @@
+"""Prometheus metrics of the gateway, served on ``GET /metrics`` (outside ``/api/``: no token).
+
+Pull-style: one ``CollectorRegistry`` per ``GatewayMetrics`` (never the global default: tests
+run many gateways in one process). A custom collector reads live state at scrape time — the
+calls in ``CallManager.calls``, their playout stats and their leg's media counters — and adds
+what calls that have ended left behind. Latencies come from the call events
+(``CallManager.subscribe_events``: barge-in, worker stop, utterance outcomes) and one hook
+per utterance (time to first audio); nothing is counted on the media tick.
+
+Per-leg media counters: a leg may implement ``media_stats() -> dict[str, float]`` with the
+keys of ``MEDIA_COUNTERS`` (cumulative counts) and ``"jitter_buffer_ms"`` (depth now); missing
+keys count as 0 and legs without the method are skipped. When a call ends its last values are
+added to the totals, so counters never go backwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Protocol, runtime_checkable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gateway.calls import Call, CallManager
+from gateway.control import BargeIn, Event, Leg, UtteranceFinished, WorkerStopped
+from synth.bus.base import Bus, BusError
+from synth.metrics import CONTENT_TYPE, render_registry
+
+log = logging.getLogger("voxgate.metrics")
+
+LEGS: tuple[str, ...] = typing.get_args(Leg)
+# Cumulative per-leg media counters (``media_stats`` keys) -> exported counter name.
+MEDIA_COUNTERS: dict[str, tuple[str, str]] = {
+    "packets_received": ("voxgate_rtp_packets_received", "RTP packets received from callers"),
+    "packets_lost": ("voxgate_rtp_packets_lost", "RTP packets lost on the way in (RFC 3550)"),
+    "late_sends": (
+        "voxgate_rtp_late_sends",
+        "RTP packets sent later than half a frame after their due time (or ticks skipped)",
+    ),
+}
+JITTER_KEY = "jitter_buffer_ms"
+
+# End reasons are free text (a SIP status line of the far end among them): bucket them.
+CALL_OUTCOMES = (
+    "remote_hangup", "local_hangup", "cancelled", "rejected", "timeout", "error", "shutdown",
+    "other",
+)  # fmt: skip
+_REASONS = {
+    "remote hangup": "remote_hangup",
+    "api": "local_hangup",
+    "agent": "local_hangup",
+    "ivr": "local_hangup",
+    "cancelled": "cancelled",
+    "shutdown": "shutdown",
+    "timeout": "timeout",
+    "no ack": "timeout",
+    "media timeout": "timeout",
+    "unreachable": "error",
+}
+UTTERANCE_OUTCOMES = ("done", "interrupted", "cancelled", "error")
+
+TTFA_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+STOP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5)
+ONSET_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0)
+WORKER_STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+PENDING_TIMEOUT_S = 2.0
+
+
+@runtime_checkable
+class MediaStatsLeg(Protocol):
+    """What a leg implements to have its media counted (SIP: ``SipLeg``; WebRTC likewise)."""
+
+    def media_stats(self) -> dict[str, float]: ...
+
+
+def call_outcome(reason: str | None) -> str:
+    """An end reason bucketed to ``CALL_OUTCOMES`` (a fixed, small label set)."""
+    text = (reason or "").strip().lower()
+    if text in _REASONS:
+        return _REASONS[text]
+    if re.match(r"[3-6]\d\d\b", text):
+        return "rejected"  # a final non-2xx answer to our INVITE
+    if "timeout" in text:
+        return "timeout"
+    if "error" in text or text.startswith("bad ") or "unusable" in text:
+        return "error"
+    return "other"
+
+
+class GatewayMetrics:
+    """The gateway's registry; ``handle`` is the aiohttp handler of ``GET /metrics``."""
+
+    def __init__(self, manager: CallManager, bus: Bus) -> None:
+        self.manager = manager
+        self.bus = bus
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttfa = Histogram(
+            "voxgate_time_to_first_audio_seconds",
+            "say() to the first audio frame of that utterance played to the caller",
+            buckets=TTFA_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.bargein_stop = Histogram(
+            "voxgate_bargein_stop_latency_seconds",
+            "Barge-in: VAD decision to the agent's audio at zero (media time)",
+            buckets=STOP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.bargein_onset = Histogram(
+            "voxgate_bargein_onset_to_zero_seconds",
+            "Barge-in: estimated onset of the caller's speech to the agent's audio at zero",
+            buckets=ONSET_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.bargeins = Counter("voxgate_bargein", "Barge-ins (the agent was talked over)",
+                                registry=r)  # fmt: skip
+        self.worker_stop = Histogram(
+            "voxgate_worker_stop_seconds",
+            "Cancel of an interrupted utterance to the worker's acknowledgement (wall clock)",
+            buckets=WORKER_STOP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.utterances = Counter(
+            "voxgate_utterances", "Utterances finished on calls, by outcome",
+            labelnames=("outcome",), registry=r,
+        )  # fmt: skip
+        for outcome in UTTERANCE_OUTCOMES:
+            self.utterances.labels(outcome)
+        # Totals left by ended calls: (leg, outcome) -> calls; (leg, key) -> media counters.
+        self._ended_calls: dict[tuple[str, str], int] = {}
+        self._ended_media: dict[tuple[str, str], float] = {}
+        # Highest value seen per live call and counter, so a counter a leg recomputes (loss
+        # goes down when a late packet turns up) never makes the total go backwards.
+        self._seen: dict[str, dict[str, float]] = {}
+        self._lag: float | None = None
+        self._pending: float | None = None
+        self._refreshers: list[Callable[[], Awaitable[None]]] = [self._refresh_bus]
+        r.register(_LiveCollector(self))
+        manager.on_forget.append(self._on_forget)
+        manager.on_first_audio.append(self._on_first_audio)
+        self._events = manager.subscribe_events()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._consume(), name="gateway-metrics"
+            )
+
+    async def close(self) -> None:
+        await self._events.aclose()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def add_refresher(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        """Run ``refresh`` before each scrape (e.g. an embedded worker's metrics)."""
+        self._refreshers.append(refresh)
+
+    # --- the scrape ----------------------------------------------------------------------
+    async def render(self) -> bytes:
+        for refresh in self._refreshers:
+            try:
+                await refresh()
+            except Exception:  # a scrape must answer whatever one source does
+                log.exception("metrics refresh failed")
+        return render_registry(self.registry)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await self.render()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def _refresh_bus(self) -> None:
+        try:
+            lag, pending = await asyncio.wait_for(self.bus.pending(), PENDING_TIMEOUT_S)
+        except (BusError, TimeoutError):
+            self._lag = self._pending = None
+            return
+        self._lag, self._pending = float(lag), float(pending)
+
+    # --- hooks and events ----------------------------------------------------------------
+    def _on_first_audio(self, call: Call, seconds: float) -> None:
+        self.ttfa.observe(seconds)
+
+    def _on_forget(self, call: Call) -> None:
+        leg_kind = call.info.leg
+        key = (leg_kind, call_outcome(call.info.end_reason))
+        self._ended_calls[key] = self._ended_calls.get(key, 0) + 1
+        final = self._call_counters(call)
+        for name, value in final.items():
+            k = (leg_kind, name)
+            self._ended_media[k] = self._ended_media.get(k, 0.0) + value
+        self._seen.pop(call.id, None)
+
+    async def _consume(self) -> None:
+        async for event in self._events:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("metrics: event %s not counted", event.type)
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, BargeIn):
+            self.bargeins.inc()
+            self.bargein_stop.observe(max(event.zero_ms - event.decision_ms, 0.0) / 1000)
+            self.bargein_onset.observe(max(event.zero_ms - event.onset_ms, 0.0) / 1000)
+        elif isinstance(event, WorkerStopped):
+            self.worker_stop.observe(event.stop_ms / 1000)
+        elif isinstance(event, UtteranceFinished):
+            outcome = event.outcome if event.outcome in UTTERANCE_OUTCOMES else "error"
+            self.utterances.labels(outcome).inc()
+
+    # --- reading calls -------------------------------------------------------------------
+    def _call_counters(self, call: Call, stats: dict[str, float] | None = None) -> dict[str, float]:
+        """The call's cumulative counters now (never below what was reported before);
+        ``stats``: its leg's ``media_stats()`` if already read."""
+        seen = self._seen.setdefault(call.id, {})
+        current: dict[str, float] = {"underruns": float(call.playout.stats.underruns)}
+        if stats is None:
+            stats = leg_media_stats(call)
+        if stats is not None:
+            for key in MEDIA_COUNTERS:
+                current[key] = float(stats.get(key, 0.0))
+        for key, value in current.items():
+            if value > seen.get(key, 0.0):
+                seen[key] = value
+        return dict(seen)
+
+    def collect_live(self) -> Iterator[Metric]:
+        active = {leg: 0 for leg in LEGS}
+        media = dict(self._ended_media)
+        depths: list[float] = []
+        for call in list(self.manager.calls.values()):
+            leg_kind: str = call.info.leg
+            if call.info.state != "ended":
+                active[leg_kind] = active.get(leg_kind, 0) + 1
+            stats = leg_media_stats(call)
+            for name, value in self._call_counters(call, stats).items():
+                media[(leg_kind, name)] = media.get((leg_kind, name), 0.0) + value
+            if stats is not None and JITTER_KEY in stats:
+                depths.append(float(stats[JITTER_KEY]) / 1000)
+
+        g = GaugeMetricFamily("voxgate_calls_active", "Calls up now (ringing, answered or held)",
+                              labels=["leg"])  # fmt: skip
+        for leg_kind, n in sorted(active.items()):
+            g.add_metric([leg_kind], n)
+        yield g
+        c = CounterMetricFamily("voxgate_calls", "Calls ended, by leg and outcome (bucketed "
+                                "end reason)", labels=["leg", "outcome"])  # fmt: skip
+        legs = sorted(set(LEGS) | {leg for leg, _ in self._ended_calls})
+        for leg_kind in legs:
+            for outcome in CALL_OUTCOMES:
+                c.add_metric([leg_kind, outcome], self._ended_calls.get((leg_kind, outcome), 0))
+        yield c
+        legs = sorted(set(LEGS) | {leg for leg, _ in media})
+        c = CounterMetricFamily(
+            "voxgate_playout_underruns",
+            "20 ms frames of silence sent mid-utterance because the worker was behind",
+            labels=["leg"],
+        )
+        for leg_kind in legs:
+            c.add_metric([leg_kind], media.get((leg_kind, "underruns"), 0.0))
+        yield c
+        for key, (name, doc) in MEDIA_COUNTERS.items():
+            c = CounterMetricFamily(name, doc, labels=["leg"])
+            for leg_kind in legs:
+                c.add_metric([leg_kind], media.get((leg_kind, key), 0.0))
+            yield c
+        yield GaugeMetricFamily(
+            "voxgate_jitter_buffer_depth_seconds",
+            "Mean inbound jitter-buffer depth over the calls up now",
+            value=sum(depths) / len(depths) if depths else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "voxgate_jitter_buffer_depth_max_seconds",
+            "Deepest inbound jitter buffer among the calls up now",
+            value=max(depths, default=0.0),
+        )
+        if self._lag is not None and self._pending is not None:
+            yield GaugeMetricFamily(
+                "voxgate_synth_request_stream_lag",
+                "Speak requests on the bus not yet delivered to any worker",
+                value=self._lag,
+            )
+            yield GaugeMetricFamily(
+                "voxgate_synth_request_stream_pending",
+                "Speak requests delivered to a worker and not yet acknowledged",
+                value=self._pending,
+            )
+
+
+def leg_media_stats(call: Call) -> dict[str, float] | None:
+    leg = call.leg
+    if not isinstance(leg, MediaStatsLeg):
+        return None
+    try:
+        return leg.media_stats()
+    except Exception:  # a broken leg must not break the scrape
+        log.exception("media_stats failed on call %s", call.id)
+        return None
+
+
+class _LiveCollector:
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._metrics.collect_live())
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only (the registry refuses duplicates across collectors by these).
+        names = [
+            ("voxgate_calls_active", "gauge"), ("voxgate_calls", "counter"),
+            ("voxgate_playout_underruns", "counter"),
+            *((name, "counter") for name, _ in MEDIA_COUNTERS.values()),
+            ("voxgate_jitter_buffer_depth_seconds", "gauge"),
+            ("voxgate_jitter_buffer_depth_max_seconds", "gauge"),
+            ("voxgate_synth_request_stream_lag", "gauge"),
+            ("voxgate_synth_request_stream_pending", "gauge"),
+        ]  # fmt: skip
+        return [Metric(name, "", typ) for name, typ in names]

@@ -105,6 +105,9 @@ class Call:
         self.bargeins: list[BargeIn] = []
         # The call's recent events (for inspection and tests; bounded).
         self.history: deque[Event] = deque(maxlen=500)
+        # This call's events as they happen, for its leg (a browser page shows them); called
+        # synchronously, so a listener must not block.
+        self.listeners: list[Callable[[Event], None]] = []
         self.leg: Leg | None = None
         self.agent: Agent | None = None
         self._sub: Subscription | None = None
@@ -313,6 +316,8 @@ class Call:
     def emit(self, event: Event) -> None:
         self.history.append(event)
         self.manager.publish(event)
+        for listener in self.listeners:
+            listener(event)
         # Agents get what they act on (DTMF, speech, utterance ends), not their own echoes.
         if self.agent is not None and not isinstance(event, CallStateChanged | UtteranceStarted):
             self._agent_queue.put_nowait(event)

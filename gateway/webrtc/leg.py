@@ -49,7 +49,7 @@ from aiortc.rtcrtpsender import RTCRtpSender
 
 from gateway.calls import DTMF_KEYS, Call
 from gateway.config import WebrtcConfig
-from gateway.control import event_json
+from gateway.control import Event, event_json
 
 log = logging.getLogger("voxgate.webrtc")
 
@@ -172,11 +172,11 @@ class WebRtcLeg:
         # Answered now, as a SIP call is at its 200: the agent starts (and the worker
         # synthesises its first words) while ICE and DTLS are still connecting, so the greeting
         # is ready when the first packet can go. Playout starts at the first media tick.
+        self.call.listeners.append(self._forward_event)
         self.call.set_codec(_codec_name(self.codec))
         self.call.set_state("answered")
         self._spawn(self.call.start(self.call.manager.agent_for(self.call)), "start")
         self._spawn(self._watchdog(), "watchdog")
-        self._spawn(self._forward_events(), "events")
         return self.pc.localDescription.sdp
 
     # --- Leg -----------------------------------------------------------------------------
@@ -316,14 +316,8 @@ class WebRtcLeg:
                         "jitter_ms": float(stat.jitter) * 1000 / 48000,
                     }
 
-    async def _forward_events(self) -> None:
-        events = self.call.manager.subscribe_events()
-        try:
-            async for ev in events:
-                if ev.call_id == self.call.id:
-                    self._send_raw(event_json(ev))
-        finally:
-            await events.aclose()
+    def _forward_event(self, event: Event) -> None:
+        self._send_raw(event_json(event))
 
     def _send(self, msg: dict[str, object]) -> None:
         self._send_raw(json.dumps(msg))

@@ -149,6 +149,7 @@ class WebRtcLeg:
         self.frames_received = 0
         self.near_dropped = 0
         self._rx_stats: dict[str, float] = {}
+        self._clock_rate = 48000 if codec == "opus" else 8000  # RTP clock (RFC 7587, 3551)
         # Told when the leg has closed (the service forgets it).
         self.on_close: Callable[[WebRtcLeg], None] | None = None
         self.pc.on("track", self._on_track)
@@ -191,7 +192,8 @@ class WebRtcLeg:
         return {
             "packets_received": self._rx_stats.get("packets_received", 0.0),
             "packets_lost": self._rx_stats.get("packets_lost", 0.0),
-            "jitter_buffer_ms": self._rx_stats.get("jitter_ms", 0.0),
+            # aiortc keeps its jitter buffer's depth to itself: not reported (0), rather than
+            # passing off the network jitter as a depth.
             "late_sends": float(self.track.late_sends),
         }
 
@@ -313,7 +315,7 @@ class WebRtcLeg:
                     self._rx_stats = {
                         "packets_received": float(stat.packetsReceived),
                         "packets_lost": float(max(stat.packetsLost, 0)),
-                        "jitter_ms": float(stat.jitter) * 1000 / 48000,
+                        "jitter_ms": float(stat.jitter) * 1000 / self._clock_rate,
                     }
 
     def _forward_event(self, event: Event) -> None:

@@ -61,6 +61,11 @@ _REASONS = {
     "timeout": "timeout",
     "no ack": "timeout",
     "media timeout": "timeout",
+    # Browser legs (gateway.webrtc): the peer connection closed by the page is its BYE.
+    "connection closed": "remote_hangup",
+    "connection failed": "error",
+    "connect timeout": "timeout",
+    "bad offer": "rejected",
     "unreachable": "error",
 }
 UTTERANCE_OUTCOMES = ("done", "interrupted", "cancelled", "error")

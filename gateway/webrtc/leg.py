@@ -277,7 +277,7 @@ class WebRtcLeg:
             else:
                 self._send({"type": "error", "message": f"not a DTMF key: {digit!r}"})
         elif kind == "hangup":
-            self._spawn(self._close("caller hung up"), "hangup")
+            self._spawn(self._close("remote hangup"), "hangup")
         elif kind == "ping":
             self._send({"type": "pong", "t": msg.get("t") if isinstance(msg, dict) else None})
         else:

@@ -103,4 +103,4 @@ class WebRtcService:
         legs, self.legs = list(self.legs), set()
         for leg in legs:
             with contextlib.suppress(Exception):
-                await leg.hangup("gateway shutdown")
+                await leg.hangup("shutdown")

@@ -97,7 +97,7 @@ async def test_softphone_call_in_chromium(engine: Engine, mic_wav: Path) -> None
         # Hang-up ends the call on the server.
         await page.eval("document.getElementById('hangup').click()")
         await wait_for(lambda: call_id not in lg.gw.manager.calls, timeout=5)
-        assert call.info.end_reason == "caller hung up"
+        assert call.info.end_reason == "remote hangup"
         assert await page.eval("document.getElementById('status').textContent") == "idle"
 
 

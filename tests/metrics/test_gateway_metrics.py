@@ -8,7 +8,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.testclient import SipClient
-from tests.metrics.conftest import MetricsGateway, Scrape, scrape
+from tests.metrics.conftest import TOKEN, MetricsGateway, Scrape, scrape
 
 SPEECH_RMS = 300.0
 
@@ -94,3 +94,25 @@ async def test_a_call_moves_the_metrics(metrics_gateway: MetricsGateway) -> None
     assert after.get("voxgate_worker_rtf_count") == 1
     assert after.get("voxgate_playout_underruns_total", leg="sip") >= 0
     assert after.get("voxgate_jitter_buffer_depth_seconds") == 0  # no call up now
+
+
+async def test_a_browser_call_moves_the_metrics(metrics_gateway: MetricsGateway) -> None:
+    from gateway.webrtc.client import WebRtcClient
+
+    url = f"{metrics_gateway.http}/metrics"
+    client = WebRtcClient(metrics_gateway.http, token=TOKEN)
+    try:
+        await client.connect()
+        await client.wait_audio()
+        during = await wait_for(
+            url, lambda s: s.get("voxgate_rtp_packets_received_total", leg="webrtc") > 10
+        )
+        assert during.get("voxgate_calls_active", leg="webrtc") == 1
+        assert during.get("voxgate_rtp_packets_received_total", leg="webrtc") > 10
+        received_live = during.get("voxgate_rtp_packets_received_total", leg="webrtc")
+    finally:
+        await client.hangup()
+    after = await wait_for(url, lambda s: s.get("voxgate_calls_active", leg="webrtc") == 0)
+    assert after.get("voxgate_calls_active", leg="webrtc") == 0
+    assert after.get("voxgate_calls_total", leg="webrtc", outcome="remote_hangup") == 1
+    assert after.get("voxgate_rtp_packets_received_total", leg="webrtc") >= received_live

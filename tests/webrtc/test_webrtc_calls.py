@@ -58,7 +58,7 @@ async def test_greeting_keypad_and_hangup(engine: Engine) -> None:
 
         await client.hangup()
         await wait_for(lambda: call_id not in lg.gw.manager.calls, timeout=3)
-        assert call.info.state == "ended" and call.info.end_reason == "caller hung up"
+        assert call.info.state == "ended" and call.info.end_reason == "remote hangup"
 
 
 async def test_control_api_drives_browser_calls(engine: Engine) -> None:

@@ -12,6 +12,8 @@ process (:mod:`gateway.webrtc.client` — what the softphone page does).
    gateway's CPU (% of one core) and, at every client, the agent's audio arriving in time
    (frames received / frames due). A step *holds* when every leg connected and every client got
    ≥ 95 % of its frames; the largest step that holds is reported, with the gateway's CPU per leg.
+   The window starts once every greeting has played: it measures the legs (Opus, SRTP, the
+   barge-in detector, playout), not the embedded worker synthesising the greetings.
    The clients share this 2-core box with the gateway (they decode and encode Opus too), so the
    count is a floor for the gateway, which the per-leg CPU figure lets you extrapolate.
 """
@@ -110,7 +112,9 @@ async def _concurrency_phase(
                     if failed > 3:
                         break
             add_s = time.monotonic() - t_add
-            await asyncio.sleep(1.0)  # let the new legs settle
+            # Measure the legs, not the synthesis of their greetings (the worker shares the
+            # gateway process under `voxgate serve`): wait until every greeting has played.
+            await _greetings_done(clients, timeout=60.0)
             counts = [len(c.heard.frames) for c in clients]
             a = cpu_sample(gw.pid)
             t0 = time.monotonic()
@@ -135,6 +139,14 @@ async def _concurrency_phase(
         for c in clients:
             await c.hangup()
     return out
+
+
+async def _greetings_done(clients: list[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(any(m.get("type") == "utterance.finished" for m in c.messages) for c in clients):
+            return
+        await asyncio.sleep(0.2)
 
 
 def conditions(opts: BenchOptions) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtcrtpsender import RTCRtpSender
 
 RATE = 48000
 SPF = RATE // 50
@@ -102,8 +103,16 @@ class Heard:
 
 
 class WebRtcClient:
-    def __init__(self, base_url: str, *, token: str | None = None, audio_threshold: int = 300):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        audio_threshold: int = 300,
+        codec: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.codec = codec  # offer only this codec ("PCMU", ...); None: aiortc's list
         self.token = token
         self.threshold = audio_threshold
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -123,6 +132,10 @@ class WebRtcClient:
         """Offer, answer, and wait until the data channel is open; returns the call id."""
         self.t_start = time.monotonic()
         self.pc.addTrack(self.mic)
+        if self.codec is not None:
+            caps = RTCRtpSender.getCapabilities("audio").codecs
+            wanted = [c for c in caps if c.mimeType.lower() == f"audio/{self.codec.lower()}"]
+            self.pc.getTransceivers()[0].setCodecPreferences(wanted)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         status, body = await self.post_offer(self.pc.localDescription.sdp)
         if status != 200:

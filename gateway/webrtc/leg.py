@@ -50,6 +50,7 @@ from aiortc.rtcrtpsender import RTCRtpSender
 from gateway.calls import DTMF_KEYS, Call
 from gateway.config import WebrtcConfig
 from gateway.control import Event, event_json
+from gateway.webrtc.opus import MonoOpusEncoder
 
 log = logging.getLogger("voxgate.webrtc")
 
@@ -84,10 +85,12 @@ class AgentTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, leg: WebRtcLeg, rate: int) -> None:
+    def __init__(self, leg: WebRtcLeg, rate: int, *, opus: bool = True) -> None:
         super().__init__()
         self._leg = leg
         self.rate = rate
+        # Opus: encoded here, inline (see gateway.webrtc.opus); G.711: aiortc encodes frames.
+        self._opus = MonoOpusEncoder(rate) if opus else None
         self.spf = rate * FRAME_MS // 1000
         self._start: float | None = None
         self._pts = 0
@@ -96,7 +99,7 @@ class AgentTrack(MediaStreamTrack):
         self.late_sends = 0
         self.skipped_ticks = 0
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.AudioFrame | av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
@@ -115,11 +118,13 @@ class AgentTrack(MediaStreamTrack):
             elif lateness > LATE_S:
                 self.late_sends += 1
         pcm = self._leg.tick(self.spf, self._pts)
+        self.frames_sent += 1
+        if self._opus is not None:
+            return self._opus.encode(pcm, self._pts)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.rate
         frame.pts = self._pts
         frame.time_base = self._time_base
-        self.frames_sent += 1
         return frame
 
 
@@ -136,7 +141,7 @@ class WebRtcLeg:
         # A listen-only browser (recvonly) is watched by its connection state alone.
         self.sends_audio = sends_audio
         self.pc = RTCPeerConnection(ice_configuration(cfg))
-        self.track = AgentTrack(self, call.rate)
+        self.track = AgentTrack(self, call.rate, opus=codec == "opus")
         self.channel: RTCDataChannel | None = None
         self._near: deque[npt.NDArray[np.int16]] = deque()
         self._near_rest = np.zeros(0, dtype=np.int16)

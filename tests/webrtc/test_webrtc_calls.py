@@ -61,6 +61,18 @@ async def test_greeting_keypad_and_hangup(engine: Engine) -> None:
         assert call.info.state == "ended" and call.info.end_reason == "remote hangup"
 
 
+async def test_g711_only_browser_gets_pcmu(engine: Engine) -> None:
+    # A client that offers only PCMU: the fallback path (aiortc encodes frames) still speaks.
+    async with local_gateway(engine, name="webrtc") as lg:
+        client = WebRtcClient(lg.http, codec="PCMU")
+        call_id = await client.connect()
+        await client.wait_audio()
+        assert lg.gw.manager.calls[call_id].info.codec == "PCMU/8000"
+        await asyncio.sleep(1.0)
+        assert client.heard.rms_since(client.heard.first_audio_at or 0) > 1000
+        await client.hangup()
+
+
 async def test_control_api_drives_browser_calls(engine: Engine) -> None:
     async with local_gateway(engine, name="webrtc") as lg, aiohttp.ClientSession() as http:
         client = WebRtcClient(lg.http)

@@ -36,32 +36,53 @@ Per analysis frame (``frame_ms``; 10 ms default) both streams are reduced to ban
    figure (power average weighted by the agent's long-term spectrum).
 3. **Expected echo** per band = far energy (max over the trusted lag ±1 frame) × echo gain,
    plus −20 dB of the total in every band (harmonics from non-linear paths), held with a
-   decaying tail for reverberant paths.  While the delay is not trusted (call start, path
-   change) the far energy is the max over *all* lags and the gain is at least −6 dB (G.168's
-   minimum hybrid ERL): conservative, so a quiet caller over loud echo is missed then, but the
-   agent does not interrupt itself.
+   decaying tail for reverberant paths.  While the delay is not trusted (call start, no echo at
+   all, path change) the expected echo comes from the **echo ceilings**: per lag and band the
+   smallest near/far energy ratio seen (near noise removed; far taken as the quietest of the
+   lag and its two neighbours, so a delay between frames or a dispersive path cannot pull it
+   below the true gain), floored at −25 dB, +6 dB headroom, at most the −6 dB prior (G.168's
+   minimum hybrid ERL), rising 2 dB per second of agent audio so a path may get louder.  For
+   the true lag every frame's ratio is at least the echo gain (the caller and noise only add),
+   so the minimum bounds it whatever the delay; expected = max over lags of (loudest far of
+   the lag ±1) × ceiling.  A few syllables of agent speech pull the ceilings of the lags
+   without echo to the floor, so the caller is heard ~0.5 s into the agent's turn, and on an
+   echo-free line at all, instead of only after the delay is trusted (before: a caller had to
+   beat the agent's loudest frame of the last 300 ms, and a weak first syllable was missed).
+   Once trusted, the smaller of the learnt and the ceiling expectation is used (the learnt
+   gain starts from the ceilings, then converges as a quantile).
 4. **Evidence**: webrtcvad says speech *and* at least ``min_caller_share`` of the frame's
    energy lies in bands that exceed the expected echo by ``echo_margin_db`` and the near
    noise floor by 9 dB.  Working per band is what keeps double talk detectable: at a given
    instant caller and agent occupy different formant/pitch bands, so the caller shows through
    in some bands even when the full-band levels are close.
 5. **Delay-agnostic check**: a frame is *strong* evidence when even the far energy at the
-   worst lag (max over all lags × the learnt gain) cannot explain it.  An onset needs at least
+   worst lag (max over all lags × the learnt gain; before any gain was learnt, × the largest
+   ceiling of any lag) cannot explain it.  An onset needs at least
    one strong frame.  This is what keeps a sudden change of echo delay (echo arriving where
    none was expected, for the ~1–2 s until the estimate follows) from reading as a caller,
    and it is also why only non-strong frames feed the delay search (echo at a new lag must
    still reach it; a caller's frame must not).
-6. **Decision**: a run of evidence frames (gaps up to ``max_gap_ms`` tolerated, because
-   double talk makes evidence patchy) reaching ``min_speech_ms`` with a strong frame →
-   :class:`SpeechStarted`, the onset at the run's first frame; ``hangover_ms`` without
-   evidence → :class:`SpeechStopped`.
+6. **Decision**: a run of evidence frames (gaps up to ``max_gap_ms`` tolerated without losing
+   what was gathered: double talk makes evidence patchy, and "Ex-cuse" has a 40 ms consonant
+   gap) reaching ``min_speech_ms`` with a strong frame → :class:`SpeechStarted`, the onset at
+   the run's first frame.  *Clear* frames (the caller share met ``clear_margin_db`` above the
+   expected echo) count ``min_speech_ms / fast_speech_ms`` times, so clear evidence decides
+   after ``fast_speech_ms`` (40 ms): a short loud first syllable is enough.  ``hangover_ms``
+   without evidence → :class:`SpeechStopped`.
 
 Measured on the tests' synthetic calls (Piper agent at −18 dBFS, a higher-pitched caller at
 −20 dBFS, echo through a dispersive hybrid + reverberant path and G.711, −60 dBFS line noise):
-no false start in 160 s of echo at −10/−15/−20/−25 dB × 20/60/120/250 ms delay, nor across
-delay jumps; 48/48 double-talk onsets found, onset→decision p50 68 ms / p95 91 ms; caller
-alone: onset estimate within 30 ms, decision at onset + 60 ms.  About 85 µs of CPU per 10 ms
-frame (far + near, numpy), i.e. < 1 % of a core per call.
+no false start in 160 s of echo at −10/−15/−20/−25 dB × 20/60/120/250 ms delay, nor in 240 s
+from the turn's first sample at delays off the frame grid, nor across delay jumps; 48/48
+double-talk onsets found, onset→decision p50 50 ms / p95 80 ms (10 ms frames); callers 0.4–1.5
+s into the agent's turn: p95 110–125 ms; caller alone: onset estimate within 30 ms.  About
+115 µs of CPU per 20 ms tick at 20 ms frames (far + near, numpy; twice that at 10 ms frames),
+i.e. < 1 % of a core per call.
+
+Limits: in the first ~0.5 s of the agent's turn the ceilings are still near the prior, so a
+caller who says one short syllable then pauses ("Wait, … stop") is heard on the second one
+then; a sudden rise of the echo gain (see below) and echo appearing at above −13 dB on a line
+that had none can each cause a false start.
 
 Why not an NLMS echo canceller + VAD on the residual?  A 300 ms tail at 8 kHz is 2,400 taps;
 sample-by-sample NLMS is out of reach in Python (~40 M MAC/s per call) and a block
@@ -123,6 +144,20 @@ _GAIN_SNR_DB = 15.0  # echo gain learnt only in bands where far is this far abov
 _FAR_AHEAD_FRAMES = 100  # far may run this far ahead of near before its history is overwritten
 _LEAK_DB = -20.0  # share of the total expected echo every band expects (non-linear paths)
 _LEAK = 10.0 ** (_LEAK_DB / 10.0)
+# Echo ceilings (while no delay is trusted): per lag and band, the smallest near/far energy ratio
+# seen.  For the true echo lag every frame's ratio is at least the echo gain (the caller and
+# noise only add), so the minimum bounds it from above whatever the delay turns out to be.
+_CEIL_MIN_FAR_DB = -55.0  # far band energy must exceed this for a frame to lower a ceiling
+_CEIL_FLOOR_DB = -25.0  # ceilings never claim an echo return loss above 25 dB
+_CEIL_HEADROOM_DB = 6.0  # added to the observed bound (estimation noise, mild non-linearity)
+# Each lag's ceiling covers the lags within this distance: a delay between frames, dispersion,
+# and an echo delay that wanders with network jitter (the echo comes back over the network).
+_CEIL_SPREAD_MS = 20
+# The ceilings (and the delay-agnostic check) look this much further back than the delay search:
+# echo from just beyond ``max_echo_delay_ms`` (a leg offset that grew under load) must not read
+# as "no echo at any lag".
+_CEIL_EXTRA_MS = 100
+_CEIL_RISE_DB_PER_S = 2.0  # forgetting (per second of agent audio): a path may get louder
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +170,11 @@ class BargeInConfig:
     10 ms fade).  ``hangover_ms``: non-speech after which speech is declared stopped.
     ``echo_margin_db``: how far a band must exceed the expected echo to count as caller.
     ``max_echo_delay_ms``: longest echo path delay searched (includes any fixed leg offset).
-    ``max_gap_ms``: evidence gaps tolerated inside one onset run (double talk is patchy).
+    ``max_gap_ms``: evidence gaps tolerated inside one onset run (double talk is patchy;
+    consonant clusters between a short first syllable and the next one).
     ``min_caller_share``: fraction of a frame's energy that must be unexplained by echo.
+    ``clear_margin_db``: a frame whose caller share clears the expected echo by this much is
+    *clear* evidence; ``fast_speech_ms`` of clear evidence decides (instead of min_speech_ms).
     """
 
     aggressiveness: int = 2
@@ -146,8 +184,10 @@ class BargeInConfig:
     max_echo_delay_ms: int = 300
     rate: int = 8000
     frame_ms: int = 10
-    max_gap_ms: int = 30
+    max_gap_ms: int = 60
     min_caller_share: float = 0.3
+    clear_margin_db: float = 12.0
+    fast_speech_ms: int = 40
 
     def __post_init__(self) -> None:
         if self.aggressiveness not in (0, 1, 2, 3):
@@ -158,6 +198,10 @@ class BargeInConfig:
             raise ValueError(f"frame_ms must be 10, 20 or 30, got {self.frame_ms}")
         if self.min_speech_ms < 0 or self.hangover_ms < 0 or self.max_gap_ms < 0:
             raise ValueError("min_speech_ms, hangover_ms and max_gap_ms must be >= 0")
+        if not 0 <= self.fast_speech_ms <= self.min_speech_ms:
+            raise ValueError("fast_speech_ms must be in 0..min_speech_ms")
+        if self.clear_margin_db < self.echo_margin_db:
+            raise ValueError("clear_margin_db must be >= echo_margin_db")
         if not 0 <= self.max_echo_delay_ms <= 1000:
             raise ValueError(f"max_echo_delay_ms must be 0..1000, got {self.max_echo_delay_ms}")
         if not 0.0 < self.min_caller_share <= 1.0:
@@ -217,18 +261,23 @@ class _Analyzer:
             bands[(freqs >= edges[b]) & (freqs < edges[b + 1]), b] = 1.0
         # rfft of a window-weighted signal: sum |X|^2 over all bins (one-sided, doubled) equals
         # n * sum((x*w)^2); dividing by n * sum(w^2) gives the window-weighted mean square.
-        self._bands = bands * (2.0 / (n * float(np.sum(self._window**2))))
+        # Input is int16: the 1/32768 scaling to full scale 1.0 is folded in here.
+        bands *= 2.0 / (n * float(np.sum(self._window**2)) * 32768.0**2)
+        # Rows for the real and the imaginary part of each bin: the spectrum viewed as floats,
+        # squared, times this matrix gives the band energies in one product.
+        self._bands = np.repeat(bands, 2, axis=0)
 
     @property
     def n_bands(self) -> int:
         return int(self._bands.shape[1])
 
-    def process(self, frame: FloatArray) -> FloatArray:
+    def process(self, pcm: Int16Array) -> FloatArray:
+        frame = pcm.astype(np.float64)
         x = np.concatenate((self._prev, frame))
         self._prev = frame
-        spec = np.fft.rfft(x * self._window)
-        power = spec.real**2 + spec.imag**2
-        out: FloatArray = power @ self._bands
+        parts = np.fft.rfft(x * self._window).view(np.float64)
+        parts *= parts
+        out: FloatArray = parts @ self._bands
         return np.maximum(out, _FLOOR)
 
 
@@ -308,16 +357,30 @@ class BargeInDetector:
         nb = self._far_an.n_bands
         fps = 1000.0 / cfg.frame_ms
         self._lags = max(1, round(cfg.max_echo_delay_ms / cfg.frame_ms)) + 1  # lags 0..K
-        self._ring = self._lags + _FAR_AHEAD_FRAMES + 2
+        # Lags the ceilings cover: 0..K + extra.
+        self._clags = self._lags + round(_CEIL_EXTRA_MS / cfg.frame_ms)
+        self._ring = self._clags + _FAR_AHEAD_FRAMES + 2
         # Far history, indexed by absolute frame number modulo the ring size.
         self._far_e = np.zeros((self._ring, nb))  # band energies
         self._far_dev = np.zeros((self._ring, nb))  # log-envelope minus its running mean
+        self._far_dev2 = np.zeros(self._ring)  # sum of squared deviations over the bands
         self._far_active = np.zeros(self._ring, dtype=bool)
-        self._far_idx = np.full(self._ring, -1, dtype=np.int64)  # which frame sits in a slot
+        self._lag_range = np.arange(self._clags)
+        # Which frame sits in a slot; the sentinel matches no frame number (the first near frames
+        # look back to negative frame numbers, so -1 would).
+        self._far_idx = np.full(self._ring, np.iinfo(np.int64).min, dtype=np.int64)
+        # Running means of the log envelopes, bias-corrected (EMA from zero over the EMA of
+        # ones) so that they are right from the first frame: a mean that starts far off puts
+        # a common offset into every deviation, which correlates at every lag.
         self._far_mean = np.full(nb, _LOG_FLOOR_DB)
         self._near_mean = np.full(nb, _LOG_FLOOR_DB)
+        self._far_acc = np.zeros(nb)
+        self._near_acc = np.zeros(nb)
+        self._far_w = 0.0
+        self._near_w = 0.0
         # Delay correlators: [fast, slow] x lag.
         self._lam = np.array([math.exp(-1.0 / (t * fps)) for t in (_FAST_TAU_S, _SLOW_TAU_S)])
+        self._one_minus_lam = 1.0 - self._lam[:, None]
         self._sxy = np.zeros((2, self._lags))
         self._sxx = np.zeros((2, self._lags))
         self._syy = np.zeros(2)
@@ -327,6 +390,14 @@ class BargeInDetector:
         self._disagree = 0
         self._max_disagree = round(_MAX_DISAGREE_S * fps)
         self._gain_db = np.full(nb, _GAIN_PRIOR_DB)
+        self._gain = self._gain_prior = np.full(nb, 10.0 ** (_GAIN_PRIOR_DB / 10.0))  # linear
+        self._ceil_prior = 10.0 ** (_GAIN_PRIOR_DB / 10.0)
+        self._ceil_lag = np.full((self._clags, nb), self._ceil_prior)  # linear, lag x band
+        self._ceil_rise = 10.0 ** (_CEIL_RISE_DB_PER_S / fps / 10.0)
+        self._ceil_min_far = 10.0 ** (_CEIL_MIN_FAR_DB / 10.0)
+        self._ceil_spread = max(1, round(_CEIL_SPREAD_MS / cfg.frame_ms))
+        self._ceil_floor = 10.0 ** (_CEIL_FLOOR_DB / 10.0)
+        self._ceil_headroom = 10.0 ** (_CEIL_HEADROOM_DB / 10.0)
         self._gain_updates = 0
         self._noise = np.full(nb, _FLOOR)
         self._noise_init = False
@@ -334,15 +405,21 @@ class BargeInDetector:
         self._tail = np.zeros(nb)
         self._tail_decay = 10.0 ** (-_TAIL_DECAY_DB_PER_MS * cfg.frame_ms / 10.0)
         self._margin = 10.0 ** (cfg.echo_margin_db / 10.0)
+        self._clear_margin = 10.0 ** (cfg.clear_margin_db / 10.0)
         self._noise_margin = 10.0 ** (_NOISE_MARGIN_DB / 10.0)
         self._gain_snr = 10.0 ** (_GAIN_SNR_DB / 10.0)
+        # Onset evidence in units: a frame counts ``need_fast`` units, a clear one ``need``;
+        # a run decides at need * need_fast (min_speech_ms of evidence, fast_speech_ms of
+        # clear evidence, or a mix).
         self._need = max(1, math.ceil(cfg.min_speech_ms / cfg.frame_ms))
+        self._need_fast = max(1, math.ceil(cfg.fast_speech_ms / cfg.frame_ms))
+        self._need_units = self._need * self._need_fast
         self._max_gap = cfg.max_gap_ms // cfg.frame_ms
         self._hang = max(1, math.ceil(cfg.hangover_ms / cfg.frame_ms))
         # Decision state.
         self._speaking = False
         self._run_onset = -1  # media time of the pending run's first evidence frame; -1: none
-        self._run_count = 0
+        self._run_units = 0
         self._run_gap = 0
         self._run_strong = False
         self._last_speech_end = 0
@@ -418,33 +495,45 @@ class BargeInDetector:
     # -- internals ---------------------------------------------------------------------------
 
     def _add_far(self, idx: int, frame: Int16Array) -> None:
-        e = self._far_an.process(frame.astype(np.float64) / 32768.0)
+        e = self._far_an.process(frame)
         log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
         # Mean removal at arrival time, from far data only: the stored deviation then does not
         # depend on how far and near calls interleave.
-        self._far_mean += (1.0 - self._lam[1]) * (log_e - self._far_mean)
+        a = 1.0 - float(self._lam[1])
+        self._far_acc += a * (log_e - self._far_acc)
+        self._far_w += a * (1.0 - self._far_w)
+        self._far_mean = self._far_acc / self._far_w
         slot = idx % self._ring
         self._far_e[slot] = e
-        self._far_dev[slot] = log_e - self._far_mean
-        self._far_active[slot] = 10.0 * math.log10(float(np.sum(e))) > _FAR_ACTIVE_DB
+        dev = log_e - self._far_mean
+        self._far_dev[slot] = dev
+        self._far_dev2[slot] = float(dev @ dev)
+        self._far_active[slot] = 10.0 * math.log10(float(e.sum())) > _FAR_ACTIVE_DB
         self._far_idx[slot] = idx
 
-    def _far_window(self, idx: int) -> tuple[FloatArray, FloatArray, npt.NDArray[np.bool_]]:
-        """Far energies/deviations/activity for frames idx, idx-1, ..., idx-K (lag order);
-        frames not (or no longer) held read as silence."""
-        want = idx - np.arange(self._lags)
+    def _far_window(
+        self, idx: int
+    ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.bool_]]:
+        """Far energies/deviations/squared-deviation sums/activity for frames idx, idx-1, ...
+        (lag order, the ceilings' range); frames not (or no longer) held read as silence."""
+        want = idx - self._lag_range
         slots = want % self._ring
         held = self._far_idx[slots] == want
-        e = np.where(held[:, None], self._far_e[slots], _FLOOR)
-        dev = np.where(held[:, None], self._far_dev[slots], 0.0)
-        active = held & self._far_active[slots]
-        return e, dev, active
+        e = self._far_e[slots]
+        dev = self._far_dev[slots]
+        dev2 = self._far_dev2[slots]
+        active = self._far_active[slots]
+        if not held.all():
+            e[~held] = _FLOOR
+            dev[~held] = 0.0
+            dev2[~held] = 0.0
+            active &= held
+        return e, dev, dev2, active
 
     def _near_frame(self, start: int, frame: Int16Array) -> VadEvent | None:
         idx = start // self._frame
-        x = frame.astype(np.float64) / 32768.0
-        e = self._near_an.process(x)
-        far_e, far_dev, far_active = self._far_window(idx)
+        e = self._near_an.process(frame)
+        far_e, far_dev, far_dev2, far_active = self._far_window(idx)
         any_far = bool(far_active.any())
 
         # Near noise floor (minimum statistics): drops at once, rises a few dB per second.
@@ -461,28 +550,50 @@ class BargeInDetector:
         # loudest far frame at any lag with at least the prior gain (conservative).
         vad = self._vad.is_speech(frame.tobytes(), self.config.rate)
         ref_any = far_e.max(axis=0)
+        # Echo ceilings: the far frame at every lag times that lag's bound (at most the prior):
+        # valid whatever the delay, and tight once the agent has spoken for a few syllables.
+        # Each lag's ceiling covers that lag +-1 frame (a delay between frames, dispersion):
+        # it is learnt against the quietest of the three and applied to the loudest.
+        far_lo, far_hi = self._spread(far_e)
+        prior = self._gain_prior  # the learnt gain, at least the prior (linear)
+        cap = np.minimum(self._ceil_lag * self._ceil_headroom, prior)
+        bound = (far_hi * cap).max(axis=0)
         if self._delay is not None:
             d = self._delay
             lo, hi = max(d - 1, 0), min(d + 2, self._lags)
-            gain = 10.0 ** (self._gain_db / 10.0)
-            expected = self._with_tail(far_e[lo:hi].max(axis=0) * gain)
-            share = self._caller_share(e, expected)
+            gain = self._gain
+            learnt = far_e[lo:hi].max(axis=0) * gain
+            # While the learnt gain is still converging the ceiling is often the tighter one.
+            expected = self._with_tail(np.minimum(learnt, bound))
+            share, clear = self._shares(e, expected)
+            # The gain learns from frames the learnt path explains (so it can follow a path
+            # that got louder, which the ceilings only do slowly); that share is at most the
+            # one above, so it only needs computing when that one is a candidate.
+            learn_share = share
+            if share >= self.config.min_caller_share:
+                learn_share = self._caller_share(e, self._with_tail(learnt))
             # Delay-agnostic check: could the agent's audio at *any* lag in range explain this
             # frame?  An onset must contain at least one frame where it cannot; otherwise a
             # sudden change of echo delay (echo arriving where none was expected) would read
             # as a caller until the correlators catch up (~0.5 s).
             strong = self._caller_share(e, np.maximum(ref_any * gain, self._tail))
-            self._tail = expected
         else:
-            gain = 10.0 ** (np.maximum(self._gain_db, _GAIN_PRIOR_DB) / 10.0)
-            expected = self._with_tail(ref_any * gain)
-            share = self._caller_share(e, expected)
+            expected = self._with_tail(bound)
+            share, clear = self._shares(e, expected)
+            learn_share = share
+            # Delay-agnostic: the loudest far frame at the largest gain any lag allows, and at
+            # least at the learnt gain once there is one (after a change of delay the ceilings
+            # at the new lag still say "no echo here" until they rise).
+            # (Its expected echo is at least the one above: below the share, no need to look.)
             strong = share
-            self._tail = expected
+            if share >= self.config.min_caller_share:
+                any_gain = cap.max(axis=0) if self._gain_updates == 0 else prior
+                strong = self._caller_share(e, np.maximum(ref_any * any_gain, expected))
+        self._tail = expected
         self.last_caller_share = share
         self.last_vad = vad
-        candidate = share >= self.config.min_caller_share
-        evidence = vad and candidate
+        min_share = self.config.min_caller_share
+        evidence = vad and share >= min_share
         strong_evidence = evidence and strong >= self.config.min_caller_share
 
         # Learn the echo path only from frames that look like echo: a caller frame would blur
@@ -491,40 +602,59 @@ class BargeInDetector:
         # changed path would freeze the very estimate that has to follow it.  The gain, which
         # is tied to the trusted lag, learns only from frames explained at that lag.  (Neither
         # is gated on the speaking state: a false start must not freeze its own cure.)
+        if any_far:
+            self._update_ceiling(e, far_lo)
         if any_far and strong < self.config.min_caller_share:
-            self._update_delay(e, far_dev)
-        if any_far and not candidate and self._delay is not None:
+            k = self._lags
+            self._update_delay(e, far_dev[:k], far_dev2[:k])
+        if any_far and learn_share < self.config.min_caller_share and self._delay is not None:
             d = self._delay
             lo, hi = max(d - 1, 0), min(d + 2, self._lags)
             if bool(far_active[lo:hi].any()):
                 self._update_gain(e, far_e[lo:hi].max(axis=0))
-        return self._decide(evidence, strong_evidence, start, start + self._frame)
+        clear_evidence = evidence and clear >= min_share
+        return self._decide(evidence, clear_evidence, strong_evidence, start, start + self._frame)
 
     def _with_tail(self, expected: FloatArray) -> FloatArray:
         # Non-linear echo paths (overdriven speakerphones, compressors) put harmonics of a loud
         # band into others: every band expects a small share of the total echo as well.  The
         # decaying tail covers reverberation longer than the ±1 frame delay window.
-        spread = expected + _LEAK * float(np.sum(expected))
+        spread = expected + _LEAK * float(expected.sum())
         out: FloatArray = np.maximum(spread, self._tail * self._tail_decay)
         return out
 
     def _caller_share(self, e: FloatArray, expected: FloatArray) -> float:
         """Fraction of the frame's energy in bands the expected echo and noise cannot explain."""
         caller_band = e > self._margin * expected + self._noise_margin * self._noise
-        total = float(np.sum(e))
-        return float(np.sum(e[caller_band])) / total if total > 0.0 else 0.0
+        total = float(e.sum())
+        return float(e[caller_band].sum()) / total if total > 0.0 else 0.0
 
-    def _update_delay(self, e: FloatArray, far_dev: FloatArray) -> None:
+    def _shares(self, e: FloatArray, expected: FloatArray) -> tuple[float, float]:
+        """:meth:`_caller_share` at the echo margin and at the clear margin."""
+        noise = self._noise_margin * self._noise
+        total = float(e.sum())
+        if total <= 0.0:
+            return 0.0, 0.0
+        share = float(e[e > self._margin * expected + noise].sum()) / total
+        clear = float(e[e > self._clear_margin * expected + noise].sum()) / total
+        return share, clear
+
+    def _update_delay(self, e: FloatArray, far_dev: FloatArray, far_dev2: FloatArray) -> None:
         log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
-        self._near_mean += (1.0 - self._lam[1]) * (log_e - self._near_mean)
+        a = 1.0 - float(self._lam[1])
+        self._near_acc += a * (log_e - self._near_acc)
+        self._near_w += a * (1.0 - self._near_w)
+        self._near_mean = self._near_acc / self._near_w
         y = log_e - self._near_mean
         lam = self._lam[:, None]
-        self._sxy = lam * self._sxy + (1.0 - lam) * (far_dev @ y)[None, :]
-        self._sxx = lam * self._sxx + (1.0 - lam) * np.sum(far_dev**2, axis=1)[None, :]
+        self._sxy *= lam
+        self._sxy += self._one_minus_lam * (far_dev @ y)
+        self._sxx *= lam
+        self._sxx += self._one_minus_lam * far_dev2
         self._syy = self._lam * self._syy + (1.0 - self._lam) * float(y @ y)
         self._train_frames += 1
         corr = self._sxy / np.sqrt(self._sxx * self._syy[:, None] + 1e-12)
-        fast, slow = int(np.argmax(corr[0])), int(np.argmax(corr[1]))
+        fast, slow = int(corr[0].argmax()), int(corr[1].argmax())
         # The fast correlator moves first when the echo path changes; a short disagreement
         # (a burst of double talk the evidence gate let through) must not drop trust, a
         # sustained one must.
@@ -537,6 +667,25 @@ class BargeInDetector:
         )
         self._delay = slow if trusted else None
 
+    def _spread(self, far_e: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Per lag, the min and the max of the far energies within ``_CEIL_SPREAD_MS`` of it."""
+        lo = far_e.copy()
+        hi = far_e.copy()
+        for j in range(1, self._ceil_spread + 1):
+            np.minimum(lo[j:], far_e[:-j], out=lo[j:])
+            np.minimum(lo[:-j], far_e[j:], out=lo[:-j])
+            np.maximum(hi[j:], far_e[:-j], out=hi[j:])
+            np.maximum(hi[:-j], far_e[j:], out=hi[:-j])
+        return lo, hi
+
+    def _update_ceiling(self, e: FloatArray, far_lo: FloatArray) -> None:
+        # Min-hold per lag and band of near (noise removed) over far, where the far end was
+        # loud enough to tell; every ceiling rises slowly so that a path can get louder.
+        echo = np.maximum(e - 2.0 * self._noise, _FLOOR)
+        ratio = np.maximum(echo / far_lo, self._ceil_floor)
+        risen = np.minimum(self._ceil_lag * self._ceil_rise, self._ceil_prior)
+        self._ceil_lag = np.where(far_lo > self._ceil_min_far, np.minimum(risen, ratio), risen)
+
     def _update_gain(self, e: FloatArray, ref: FloatArray) -> None:
         # Quantile tracking in dB (stochastic gradient on the pinball loss): converges to the
         # 90th percentile of near/far ratios; large steps early, fine steps once settled.
@@ -546,12 +695,22 @@ class BargeInDetector:
         echo = np.maximum(e - 2.0 * self._noise, _FLOOR)
         ratio_db = np.clip(10.0 * np.log10(echo / ref), -60.0, 20.0)
         useful = ref > self._gain_snr * self._noise
+        if self._gain_updates == 0:
+            # Start from the echo ceilings (the largest gain any lag allows) where they are
+            # below the prior: they were learnt on this same path, and the quantile tracker
+            # needs a second or more to come down from the prior on its own.
+            ceil_db = 10.0 * np.log10(self._ceil_lag.max(axis=0) * self._ceil_headroom)
+            self._gain_db = np.minimum(self._gain_db, ceil_db)
         self._gain_updates += 1
         step = max(0.25, 3.0 / math.sqrt(self._gain_updates))
         delta = np.where(ratio_db > self._gain_db, _GAIN_QUANTILE, _GAIN_QUANTILE - 1.0)
         self._gain_db = np.where(useful, self._gain_db + step * delta, self._gain_db)
+        self._gain = 10.0 ** (self._gain_db / 10.0)
+        self._gain_prior = np.maximum(self._gain, 10.0 ** (_GAIN_PRIOR_DB / 10.0))
 
-    def _decide(self, evidence: bool, strong: bool, start: int, end: int) -> VadEvent | None:
+    def _decide(
+        self, evidence: bool, clear: bool, strong: bool, start: int, end: int
+    ) -> VadEvent | None:
         if self._speaking:
             if evidence:
                 self._last_speech_end = end
@@ -565,11 +724,11 @@ class BargeInDetector:
             return None
         if evidence:
             if self._run_onset < 0:
-                self._run_onset, self._run_count, self._run_strong = start, 0, False
-            self._run_count += 1
+                self._run_onset, self._run_units, self._run_strong = start, 0, False
+            self._run_units += self._need if clear else self._need_fast
             self._run_gap = 0
             self._run_strong = self._run_strong or strong
-            if self._run_count >= self._need and self._run_strong:
+            if self._run_units >= self._need_units and self._run_strong:
                 self._speaking = True
                 self._last_speech_end = end
                 self._silent_frames = 0

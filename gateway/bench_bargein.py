@@ -66,6 +66,8 @@ TARGETS = {
     "false_bargeins_on_echo": 0,
     "missed": 0,
 }
+# Per-trial latencies exported raw under the JSON report's "samples" key.
+SAMPLE_KEYS = ("decision_to_zero_ms", "onset_to_zero_ms", "onset_to_decision_ms")
 SENTENCES = (
     "Hello? I'd like to talk to somebody about my bill.",
     "Sorry, can I speak to a real person please?",
@@ -471,6 +473,8 @@ def report(
         },
         "targets": TARGETS,
         "per_trial": trials,
+        # Raw per-trial values (trial order, measured trials only) for CDF plots.
+        "samples": {key: vals(key) for key in SAMPLE_KEYS},
     }
     d2z, o2z = r["decision_to_zero_ms"]["p99"], r["onset_to_zero_ms"]["p95"]
     r["met"] = {

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gateway.localgw import free_port
 from gateway.testclient import ClientCall, SipClient, SipClientError
@@ -63,6 +64,7 @@ TARGETS = {
     "greeting_p95_ms": 300.0,
 }
 STATS_PERIOD_S = 0.5
+SAMPLES_CAP = 5000  # raw pacing samples kept in the JSON (quantile-decimated beyond this)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # A uac that offers PCMU + telephone-event on sipp's echo port, holds for -d ms, then BYE.
@@ -326,7 +328,8 @@ def http_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
 
 
 async def ahttp_json(url: str) -> tuple[int, Any]:
-    return await asyncio.to_thread(http_json, url)
+    # A gateway at full load may answer slowly; that is a figure, not a reason to abort.
+    return await asyncio.to_thread(http_json, url, 10.0)
 
 
 def read_stats(path: Path) -> dict[str, Any] | None:
@@ -336,9 +339,8 @@ def read_stats(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def hist_delta(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, float]:
-    """Percentiles (bin upper edges, as ``SendTimeStats``) of the packets ticked between two
-    dumps of the gateway's ticker histogram."""
+def _delta_bins(a: dict[str, Any] | None, b: dict[str, Any]) -> npt.NDArray[np.int64]:
+    """Per-bin counts of the packets ticked between two dumps of the ticker histogram."""
     tb = b["ticker"]
     bins_b = {int(k): v for k, v in tb["bins"].items()}
     bins_a = {int(k): v for k, v in (a["ticker"]["bins"] if a else {}).items()}
@@ -348,8 +350,15 @@ def hist_delta(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, float]:
         h[k] += v
     for k, v in bins_a.items():
         h[k] -= v
+    return h
+
+
+def hist_delta(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Percentiles (bin upper edges, as ``SendTimeStats``) of the packets ticked between two
+    dumps of the gateway's ticker histogram, and its per-bin counts (``counts``)."""
+    h = _delta_bins(a, b)
     n = int(h.sum())
-    bin_ms = float(tb["bin_ms"])
+    bin_ms = float(b["ticker"]["bin_ms"])
 
     def pct(p: float) -> float:
         if n <= 0:
@@ -358,7 +367,22 @@ def hist_delta(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, float]:
         return (int(np.searchsorted(np.cumsum(h), rank)) + 1) * bin_ms
 
     top = (int(np.nonzero(h)[0].max()) + 1) * bin_ms if n > 0 else float("nan")
-    return {"n": n, "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": top}
+    nz = np.nonzero(h)[0]
+    counts = [int(c) for c in h[: int(nz.max()) + 1]] if len(nz) else []
+    return {
+        "n": n, "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": top,
+        "bin_ms": bin_ms, "counts": counts,
+    }  # fmt: skip
+
+
+def decimate(values: list[float], cap: int = SAMPLES_CAP) -> list[float]:
+    """``values`` sorted; beyond ``cap`` of them, ``cap`` evenly spaced order statistics (the
+    distribution's shape and quantiles are kept, the time order is not)."""
+    s = sorted(values)
+    if len(s) <= cap:
+        return s
+    idx = np.linspace(0, len(s) - 1, cap).round().astype(np.int64)
+    return [s[int(i)] for i in idx]
 
 
 def conditions(opts: BenchOptions) -> dict[str, Any]:
@@ -750,6 +774,11 @@ def _report(
             ),
         },
         "targets": TARGETS,
+        # Raw per-packet samples for plots (voxgate bench all --report); the ticker's own
+        # histogram is pacing.ticker_send_error_ms.counts (bin_ms wide bins from 0).
+        "samples": {"pacing_error_ms": decimate(jitter)},
+        "samples_note": f"pacing_error_ms: receive jitter of the sample calls, {len(jitter)} "
+        "packets, sorted" + (", quantile-decimated" if len(jitter) > SAMPLES_CAP else ""),
     }
     ok = result["pass"] = {
         "calls": bool(held) and min(held) >= n >= TARGETS["calls"],

@@ -1,4 +1,5 @@
-"""``voxgate bench calls``: registered on the ``bench`` subparsers by ``register_bench``."""
+"""``voxgate bench calls``, ``bench bargein`` and ``bench all``: registered on the ``bench``
+subparsers by ``register_bench``."""
 
 from __future__ import annotations
 
@@ -85,6 +86,24 @@ def register_bench(bench_sub: SubParsers) -> None:
     w.add_argument("--quick", action="store_true", help="a short smoke run: 3 calls, 2 and 4 legs")
     w.set_defaults(func=cmd_bench_webrtc)
 
+    from gateway.config import add_config_arguments
+
+    a = bench_sub.add_parser(
+        "all",
+        help="every benchmark (synth, calls, bargein, webrtc) plus the telephone chain's "
+        "measured response and a spectrogram: DIR/report.md with PNG plots",
+    )
+    a.add_argument("--report", metavar="DIR", required=True, help="write DIR/report.md + PNGs")
+    a.add_argument("--quick", action="store_true", help="every stage short (a smoke run)")
+    a.add_argument(
+        "--skip", metavar="STAGE", action="append", default=[],
+        help="leave stages out (repeat or comma-separate): synth, calls, bargein, webrtc, "
+        "response, spectrogram",
+    )  # fmt: skip
+    a.add_argument("--json", action="store_true", help="also write DIR/report.json (raw results)")
+    add_config_arguments(a)
+    a.set_defaults(func=cmd_bench_all)
+
 
 def cmd_bench_calls(args: argparse.Namespace) -> int:
     from gateway.bench_calls import cmd_bench_calls as run
@@ -100,6 +119,12 @@ def cmd_bench_bargein(args: argparse.Namespace) -> int:
 
 def cmd_bench_webrtc(args: argparse.Namespace) -> int:
     from gateway.bench_webrtc import cmd_bench_webrtc as run
+
+    return run(args)
+
+
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    from gateway.bench_report import cmd_bench_all as run
 
     return run(args)
 

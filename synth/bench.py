@@ -148,6 +148,11 @@ async def bench_synth(
         "first_request_ms": first_ten[0],
         "requests_2_to_10_ms": percentiles(first_ten[1:]),
         "targets": TARGETS,
+        # Raw per-request TTFA (ms) for plots (voxgate bench all --report): every request.
+        "samples": {
+            "ttfa_stream_ms": _ttfa_ms(stream_stats),
+            "ttfa_baseline_ms": _ttfa_ms(base_stats),
+        },
     }
     result["pass"] = {
         "ttfa_p95_1": conc.get("1", stream)["p95"] <= TARGETS["ttfa_p95_1_ms"],

@@ -42,13 +42,16 @@ class LocalGateway:
     cfg: Config
     sip: Address
     http: str
+    worker: Worker
+    bus: MemoryBus
 
 
 @contextlib.asynccontextmanager
 async def local_gateway(
     engine: Engine, *, name: str = "local", overrides: Mapping[str, object] | None = None
 ) -> AsyncIterator[LocalGateway]:
-    """Gateway + worker on free loopback ports, ready (the worker warmed up) when entered."""
+    """Gateway + worker on free loopback ports, wired as ``voxgate serve`` wires them (the
+    worker's metrics on the gateway's /metrics), ready (the worker warmed up) when entered."""
     cfg = load(
         None,
         env={},
@@ -65,8 +68,9 @@ async def local_gateway(
     await bus.start()
     stop = asyncio.Event()
     worker = Worker(bus, engine, name=name, concurrency=2)
-    worker_task = asyncio.create_task(worker.run(stop))
     gw = Gateway(cfg, bus)
+    gw.attach_worker(worker)
+    worker_task = asyncio.create_task(worker.run(stop))
     try:
         await gw.start()
         for _ in range(1200):
@@ -76,7 +80,8 @@ async def local_gateway(
         else:
             raise RuntimeError("the worker did not get ready")
         host, _, port = cfg.gateway.sip_listen.rpartition(":")
-        yield LocalGateway(gw, cfg, (host, int(port)), f"http://127.0.0.1:{gw.http_port}")
+        http = f"http://127.0.0.1:{gw.http_port}"
+        yield LocalGateway(gw, cfg, (host, int(port)), http, worker, bus)
     finally:
         await gw.close()
         stop.set()

@@ -3,8 +3,6 @@ tone stand-in engine (fast), and a scrape helper that parses the Prometheus text
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -13,8 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Gateway
-from gateway.config import load
-from gateway.localgw import free_port
+from gateway.localgw import local_gateway
 from gateway.sip.message import Address
 from synth.bus.memory import MemoryBus
 from synth.worker import Worker
@@ -76,39 +73,13 @@ class MetricsGateway:
 
 @pytest.fixture
 async def metrics_gateway() -> AsyncIterator[MetricsGateway]:
-    cfg = load(
-        None,
-        env={},
-        overrides={
-            "gateway.sip_listen": f"127.0.0.1:{free_port(both=True)}",
-            "gateway.http_listen": f"127.0.0.1:{free_port(socket.SOCK_STREAM)}",
-            # /metrics must stay open when the control API needs a token.
-            "gateway.api_token": TOKEN,
-            "gateway.rtp_port_min": 32000,
-            "gateway.rtp_port_max": 34000,
-            "ivr.idle_timeout_s": 0,
-            "ivr.greeting": "Hello there, thank you for calling the metrics test line today.",
-        },
-    )
-    bus = MemoryBus()
-    await bus.start()
-    stop = asyncio.Event()
-    worker = Worker(bus, ToneEngine(samples_per_word=800), name="metrics", concurrency=2)
-    gw = Gateway(cfg, bus)
-    gw.attach_worker(worker)
-    worker_task = asyncio.create_task(worker.run(stop))
-    try:
-        await gw.start()
-        for _ in range(400):
-            if await bus.ready_workers():
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError("the worker did not get ready")
-        host, _, port = cfg.gateway.sip_listen.rpartition(":")
-        yield MetricsGateway(gw, worker, bus, (host, int(port)), f"http://127.0.0.1:{gw.http_port}")
-    finally:
-        await gw.close()
-        stop.set()
-        await worker_task
-        await bus.close()
+    overrides = {
+        # /metrics must stay open when the control API needs a token.
+        "gateway.api_token": TOKEN,
+        "gateway.rtp_port_min": 32000,
+        "gateway.rtp_port_max": 34000,
+        "ivr.greeting": "Hello there, thank you for calling the metrics test line today.",
+    }
+    engine = ToneEngine(samples_per_word=800)
+    async with local_gateway(engine, name="metrics", overrides=overrides) as lg:
+        yield MetricsGateway(lg.gw, lg.worker, lg.bus, lg.sip, lg.http)

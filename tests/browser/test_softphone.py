@@ -118,3 +118,27 @@ async def test_killed_browser_is_cleaned_up(engine: Engine, mic_wav: Path) -> No
         await wait_for(lambda: call_id not in lg.gw.manager.calls, timeout=8)
         assert time.monotonic() - t0 < 5.0
         assert call.info.end_reason in ("media timeout", "connection failed", "connection closed")
+
+
+async def test_softphone_asks_for_the_token(engine: Engine, mic_wav: Path) -> None:
+    # With gateway.api_token set the page's API calls need it: the first try shows the token
+    # field; with the token typed in, the call goes through.
+    overrides = {"gateway.api_token": "phone-secret"}
+    async with (
+        local_gateway(engine, name="browser", overrides=overrides) as lg,
+        chromium(fake_audio=mic_wav) as browser,
+        browser.page(f"{lg.http}/phone") as page,
+    ):
+        assert await page.eval("document.getElementById('token-row').hidden") is True
+        await page.eval("document.getElementById('call').click()")
+        await page.wait("window.voxphone.status === 'failed'", timeout=10)
+        assert "token" in await page.eval("window.voxphone.error")
+        assert await page.eval("document.getElementById('token-row').hidden") is False
+        assert lg.gw.manager.list_calls() == []
+        await page.eval("document.getElementById('token').value = 'phone-secret'")
+        await page.eval("document.getElementById('call').click()")
+        call_id = await page.wait("window.voxphone.callId", timeout=20)
+        await page.wait("window.voxphone.maxRxRms > 0.02", timeout=15)
+        assert lg.gw.manager.calls[call_id].info.leg == "webrtc"
+        await page.eval("document.getElementById('hangup').click()")
+        await wait_for(lambda: call_id not in lg.gw.manager.calls, timeout=5)

@@ -73,6 +73,39 @@ async def test_g711_only_browser_gets_pcmu(engine: Engine) -> None:
         await client.hangup()
 
 
+async def test_hostile_data_channel_messages_do_not_hurt_the_call(engine: Engine) -> None:
+    async with local_gateway(engine, name="webrtc") as lg:
+        client = WebRtcClient(lg.http)
+        other = WebRtcClient(lg.http)
+        call_id = await client.connect()
+        other_id = await other.connect()
+        await client.wait_audio()
+        client.channel.send(b"\x00\xff binary")
+        client.send({"type": "dtmf", "digit": "1" * 10})
+        client.channel.send("x" * 10_000)
+        client.channel.send("{not json")
+        client.send({"type": "dtmf"})
+        client.send({"type": "dtmf", "digit": "5", "duration_ms": "long"})
+        for _ in range(500):
+            client.send({"type": "ping", "t": 1})
+        await wait_for(
+            lambda: sum(m.get("type") == "pong" for m in client.messages) == 500, timeout=10
+        )
+        errors = [m for m in client.messages if m.get("type") == "error"]
+        assert len(errors) == 5, errors
+        call = lg.gw.manager.calls[call_id]
+        # The odd duration was clamped to the default, the digit itself reached the agent.
+        await wait_for(lambda: any(isinstance(e, DtmfReceived) for e in call.history), 5)
+        digits = [e for e in call.history if isinstance(e, DtmfReceived)]
+        assert [(d.digit, d.duration_ms) for d in digits] == [("5", 100)]
+        # Both calls are still up and the other one never noticed.
+        assert call.info.state == "answered"
+        assert lg.gw.manager.calls[other_id].info.state == "answered"
+        assert not any(m.get("type") == "error" for m in other.messages)
+        await client.hangup()
+        await other.hangup()
+
+
 async def test_control_api_drives_browser_calls(engine: Engine) -> None:
     async with local_gateway(engine, name="webrtc") as lg, aiohttp.ClientSession() as http:
         client = WebRtcClient(lg.http)

@@ -239,7 +239,9 @@ def _origin_host(origin: str) -> str:
 # Request bodies
 
 
-async def _json_object(request: web.Request) -> dict[str, object]:
+async def json_object(request: web.Request) -> dict[str, object]:
+    """The request's JSON object body, with the API's checks (Content-Type, size, shape);
+    shared with the routes other modules add (gateway.webrtc)."""
     ctype = request.content_type
     if ctype != "application/json" and not ctype.endswith("+json"):
         got = request.headers.get("Content-Type", "none")
@@ -467,7 +469,7 @@ class _Api:
         return web.json_response(self.control.get_call(request.match_info["id"]).to_json())
 
     async def originate(self, request: web.Request) -> web.Response:
-        body = await _json_object(request)
+        body = await json_object(request)
         _only(body, ("to", "from"))
         to = _sip_uri("to", _string(body, "to"))
         caller = _optional_string(body, "from")
@@ -484,7 +486,7 @@ class _Api:
 
     async def dtmf(self, request: web.Request) -> web.Response:
         call_id = request.match_info["id"]
-        body = await _json_object(request)
+        body = await json_object(request)
         _only(body, ("digits",))
         digits = _string(body, "digits")
         if not _DTMF_RE.fullmatch(digits):
@@ -504,7 +506,7 @@ class _Api:
             return await self._say_streamed(call_id, _plain_text(request))
         if ctype == "application/x-ndjson":
             return await self._say_streamed(call_id, _ndjson_text(request, self.max_body_bytes))
-        body = await _json_object(request)
+        body = await json_object(request)
         _only(body, ("text", "interrupt"))
         text = _string(body, "text")
         interrupt = _boolean(body, "interrupt", False)

@@ -19,7 +19,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from gateway.api import HttpError, _json_object
+from gateway.api import HttpError, json_object
 from gateway.calls import CallManager
 from gateway.config import WebrtcConfig
 from gateway.control import BadRequest
@@ -78,7 +78,7 @@ class WebRtcService:
 
     async def offer(self, request: web.Request) -> web.Response:
         try:
-            body = await _json_object(request)
+            body = await json_object(request)
             checked = check_offer(body)
         except (BadRequest, OfferError) as exc:
             raise HttpError(400, "bad_offer", str(exc)) from None

@@ -40,6 +40,7 @@ class Gateway:
         self.manager = CallManager(
             bus, lambda info: IvrAgent(ivr), max_calls=cfg.gateway.max_calls,
             max_text_chars=cfg.synth.max_text_chars, bargein=cfg.bargein,
+            synth_timeout_s=cfg.worker.default_deadline_s + 2.0,
         )  # fmt: skip
         self.ticker = MediaTicker()
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker)

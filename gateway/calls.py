@@ -46,7 +46,7 @@ from gateway.control import (
 )
 from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from synth.bus.base import Bus, BusError, Subscription
-from synth.bus.schema import SpeakRequest, UtteranceEnd
+from synth.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from synth.logs import bind_log_context
 from synth.text.chunker import Chunker
 
@@ -55,6 +55,8 @@ log = logging.getLogger("voxgate.calls")
 DTMF_KEYS = frozenset("0123456789*#ABCD")
 # Per-subscriber event queue bound: a stuck consumer loses events, never stalls calls.
 EVENT_QUEUE = 1000
+# Error code of an utterance no worker answered in time (gateway side; workers never send it).
+ERR_NO_WORKER = "no_worker"
 # Barge-in idle gate: longer than the longest echo path searched (300 ms) plus a margin, and a
 # peak below which a caller frame is line noise (about -44 dBFS).
 ECHO_TAIL_S = 0.4
@@ -155,6 +157,9 @@ class Call:
         self._dtmf_cuts[utt] = dtmf_interrupts
         self._barge_cuts[utt] = barge_in
         self._said_at[utt] = time.monotonic()
+        # No worker answering (all dead, or the bus lost) must not leave the call stuck behind
+        # this utterance: past the worker's own deadline it is given up as an error.
+        self._loop.call_later(self.manager.synth_timeout_s, self._give_up_if_silent, utt)
         await self.manager.bus.submit(
             SpeakRequest(
                 call_id=self.id, utterance_id=utt, text=text,
@@ -292,6 +297,22 @@ class Call:
         log.info("call %s: barge-in on utterance %s", self.id, current, extra=self.log_fields)
         self.emit(record)
 
+    def _give_up_if_silent(self, utterance_id: str) -> None:
+        if self._info.state == "ended" or not self.playout.silent_since_enqueued(utterance_id):
+            return
+        timeout = self.manager.synth_timeout_s
+        log.warning("call %s: no audio for utterance %s within %g s; giving up", self.id,
+                    utterance_id, timeout, extra=self.log_fields)  # fmt: skip
+        error = UtteranceError(
+            self.id,
+            utterance_id,
+            0,
+            ERR_NO_WORKER,
+            f"no audio from any worker within {timeout:g} s",
+        )
+        self._on_playout(self.playout.on_message(error))
+        self._spawn(self._cancel(utterance_id))  # a worker that turns up later skips it
+
     def interrupt(self, *, clear_queue: bool = True) -> None:
         """Stop the agent now: fade out (10 ms), drop queued audio, cancel it on the worker."""
         self._on_playout(self.playout.interrupt(clear_queue=clear_queue))
@@ -407,8 +428,13 @@ class CallManager:
         max_calls: int = 200,
         max_text_chars: int = 5000,
         bargein: BargeinSettings | None = None,
+        synth_timeout_s: float = 32.0,
     ) -> None:
         self.bus = bus
+        # How long an utterance may wait for its first audio before it is given up (the
+        # worker's default deadline plus a margin: the worker answers deadline_exceeded first
+        # whenever one is alive).
+        self.synth_timeout_s = synth_timeout_s
         self.bargein = bargein
         self.agent_factory = agent_factory
         self.max_calls = max_calls

@@ -101,6 +101,11 @@ class Playout:
             return True
         return bool(self._queue) and self._queue[0].started
 
+    def silent_since_enqueued(self, utterance_id: str) -> bool:
+        """Queued, and nothing has come for it from the worker yet (no chunk, no end)."""
+        u = self._by_id.get(utterance_id)
+        return u is not None and not u.ended and u.next_seq == 0 and not u.held
+
     def pending_ids(self) -> list[str]:
         return [u.id for u in self._queue]
 

@@ -137,3 +137,24 @@ async def test_streamed_say_plays_pieces_as_they_complete(manager: CallManager) 
     audio = await tick(call, 80)
     assert np.abs(audio).max() > 1000
     await call.hangup()
+
+
+async def test_utterances_no_worker_answers_are_given_up(bus: Bus) -> None:
+    # No worker at all (all killed): the call must not sit behind a prompt forever.
+    manager = CallManager(bus, None, synth_timeout_s=0.3)
+    call = manager.new_call("sip", "inbound", "a", "b")
+    call.leg = FakeLeg(call)
+    await call.start(None)
+    first = await call.say("Hello there.")
+    second = await call.say("Are you there?")
+    for _ in range(100):
+        done = [e for e in call.history if isinstance(e, UtteranceFinished)]
+        if len(done) == 2:
+            break
+        await tick(call, 5)
+    assert [(e.utterance_id, e.outcome) for e in done] == [(first, "error"), (second, "error")]
+    assert all("no_worker" in (e.error or "") for e in done)
+    assert await bus.is_cancelled(first)  # a worker that turns up later skips it
+    assert call.info.state != "ended"  # the call itself goes on
+    await call.hangup()
+

@@ -12,6 +12,7 @@ parses can be used without further checks. Everything else is kept as text.
 
 from __future__ import annotations
 
+import abc
 import re
 
 from gateway.sip.errors import SipParseError
@@ -37,7 +38,7 @@ _REQUIRED_FIELDS = ("To", "From", "Call-ID", "CSeq", "Via")  # §8.1.1
 _ALLOWED_REQUEST_SCHEMES = ("sip", "sips", "tel")  # others: 416 (§8.2.2.1)
 
 
-class Message:
+class Message(abc.ABC):
     """What requests and responses share: header fields and body, and typed accessors that
     parse the fields on each access (the header list stays the single source of truth)."""
 
@@ -47,8 +48,9 @@ class Message:
         self.headers = headers if headers is not None else Headers()
         self.body = body
 
+    @abc.abstractmethod
     def start_line(self) -> str:
-        raise NotImplementedError
+        """The request or status line (``Request`` and ``Response`` define it)."""
 
     def __bytes__(self) -> bytes:
         lines = [self.start_line()]
@@ -79,8 +81,9 @@ class Message:
 
     __hash__ = None  # type: ignore[assignment]
 
+    @abc.abstractmethod
     def copy(self) -> Message:
-        raise NotImplementedError
+        """An independent copy (headers and body), of the concrete type."""
 
     # --- typed accessors -----------------------------------------------------------------
 

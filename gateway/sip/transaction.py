@@ -9,6 +9,7 @@ deadlines that the owning :class:`gateway.sip.layer.TransactionLayer` fires.
 
 from __future__ import annotations
 
+import abc
 import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -95,7 +96,7 @@ def _to_terminated(states: tuple[State, ...], inp: Input) -> Table:
     return {(s, inp): S.TERMINATED for s in states}
 
 
-class Transaction:
+class Transaction(abc.ABC):
     TABLE: ClassVar[Table]
     INITIAL: ClassVar[State]
 
@@ -149,8 +150,9 @@ class Transaction:
     def _send(self, message: Request | Response) -> None:
         self.layer._transmit(bytes(message), self.addr, self.reliable)
 
+    @abc.abstractmethod
     def _act(self, old: State, inp: Input, now: float, message: Request | Response | None) -> None:
-        raise NotImplementedError
+        """The actions of a transition (each §17 machine defines its own)."""
 
 
 class InviteClientTransaction(Transaction):

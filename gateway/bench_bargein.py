@@ -34,12 +34,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import platform
 import random
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -55,7 +53,7 @@ from gateway.control import UtteranceFinished, WorkerStopped
 from gateway.localgw import local_gateway
 from gateway.sip.message import Address
 from gateway.testclient import RtpPeer, SipClient, rms
-from synth.benchutil import cpu_model, fmt, percentiles, strict_json
+from synth.benchutil import cpu_model, fmt, percentiles, run_cli
 from synth.engines.base import Engine
 
 Int16Array = npt.NDArray[np.int16]
@@ -571,13 +569,4 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
 
 def cmd_bench_bargein(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
-    try:
-        result = run_bench(opts)
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        print(f"voxgate bench bargein: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(strict_json(result), indent=2, default=str))
-    else:
-        print(format_report(result))
-    return 0
+    return run_cli("bargein", lambda: run_bench(opts), format_report, args.json)

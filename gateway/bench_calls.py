@@ -54,7 +54,7 @@ import numpy.typing as npt
 
 from gateway.localgw import free_port
 from gateway.testclient import ClientCall, SipClient, SipClientError
-from synth.benchutil import cpu_model, fmt, percentiles, strict_json
+from synth.benchutil import cpu_model, fmt, json_default, percentiles, strict_json
 
 TARGETS = {
     "calls": 100,
@@ -904,16 +904,10 @@ def cmd_bench_calls(args: argparse.Namespace) -> int:
         print(f"voxgate bench calls: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result, indent=2, default=_json_default))
+        print(json.dumps(result, indent=2, default=json_default))
     else:
         print(format_report(result))
     return 0
-
-
-def _json_default(o: object) -> object:
-    if isinstance(o, np.generic):
-        return o.item()
-    return str(o)
 
 
 if __name__ == "__main__":  # pragma: no cover - the gateway child of the benchmark

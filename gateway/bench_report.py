@@ -45,7 +45,7 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from synth.benchutil import cpu_model, fmt, percentiles, strict_json
+from synth.benchutil import cpu_model, fmt, json_default, percentiles, strict_json
 
 STAGES = ("synth", "calls", "bargein", "webrtc", "response", "spectrogram")
 TITLES = {
@@ -1189,20 +1189,12 @@ def run_report(
             },
         }
         (out_dir / "report.json").write_text(
-            json.dumps(strict_json(doc), indent=1, default=_json_default) + "\n"
+            json.dumps(strict_json(doc), indent=1, default=json_default) + "\n"
         )
     failed = [s.name for s in results if s.status == "failed"]
     summary = ", ".join(f"{s.name} {s.status}" for s in results if s.status != "skipped")
     print(f"voxgate bench all: {out_dir / 'report.md'} ({summary}; {total:.0f} s)")
     return 1 if failed else 0
-
-
-def _json_default(o: object) -> object:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 def cmd_bench_all(args: argparse.Namespace) -> int:

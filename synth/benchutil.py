@@ -61,6 +61,15 @@ def strict_json(o: object) -> object:
     return o
 
 
+def json_default(o: object) -> object:
+    """``json.dumps(default=...)`` for results holding numpy scalars or arrays."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
 def fmt(x: Any, spec: str = ".1f") -> str:
     """A table cell: the number formatted, or "n/a" for missing/NaN."""
     try:

@@ -36,10 +36,6 @@ def log_context(**fields: str) -> Iterator[None]:
         _LOG_CONTEXT.reset(token)
 
 
-def log_context_fields() -> Mapping[str, str]:
-    return _LOG_CONTEXT.get()
-
-
 class JsonFormatter(logging.Formatter):
     # Fields a record may carry via ``extra=`` (or the bound log context) that operators
     # correlate on.

@@ -111,7 +111,9 @@ samples already covered is ignored.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -248,11 +250,13 @@ class _Analyzer:
     The two-frame window gives 50 Hz bins at 8 kHz / 10 ms without adding latency (it looks
     back, not ahead).  Energies are scaled so that the band sum of a white signal approximates
     its mean square (full scale 1.0), which keeps the absolute thresholds in dBFS terms.
+
+    Stateless: the previous frames are the caller's (one row per stream), so one analyzer
+    serves a whole bank of streams in one FFT call.
     """
 
     def __init__(self, rate: int, frame: int) -> None:
         n = 2 * frame
-        self._prev = np.zeros(frame, dtype=np.float64)
         self._window = np.hanning(n + 2)[1:-1]
         freqs = np.fft.rfftfreq(n, 1.0 / rate)
         edges = list(_NB_EDGES) + ([e for e in _WB_EDGES if e < rate / 2] if rate > 8000 else [])
@@ -271,14 +275,480 @@ class _Analyzer:
     def n_bands(self) -> int:
         return int(self._bands.shape[1])
 
-    def process(self, pcm: Int16Array) -> FloatArray:
-        frame = pcm.astype(np.float64)
-        x = np.concatenate((self._prev, frame))
-        self._prev = frame
-        parts = np.fft.rfft(x * self._window).view(np.float64)
+    def process(self, prev: FloatArray, frames: FloatArray) -> FloatArray:
+        """Band energies ``(streams, bands)`` of ``frames`` (float rows) after ``prev``."""
+        x = np.concatenate((prev, frames), axis=1)
+        x *= self._window
+        parts = np.fft.rfft(x, axis=1).view(np.float64)
         parts *= parts
         out: FloatArray = parts @ self._bands
-        return np.maximum(out, _FLOOR)
+        np.maximum(out, _FLOOR, out=out)
+        return out
+
+
+Rows = npt.NDArray[np.intp] | slice
+
+
+def _rows(s: npt.NDArray[np.intp]) -> Rows:
+    """``s`` as a slice when it is a run of consecutive slots (one detector alone, or a bank
+    filled in order): basic indexing reads views and writes in place, several times cheaper
+    than a gather and a scatter per state array."""
+    first = int(s[0])
+    if s.size == 1 or (s.size == int(s[-1]) - first + 1 and bool((np.diff(s) == 1).all())):
+        return slice(first, first + s.size)
+    return s
+
+
+def _sub(s: npt.NDArray[np.intp], ix: Rows, r: npt.NDArray[np.intp], n: int) -> Rows:
+    """Bank rows of the batch rows ``r`` (all ``n`` of them: the batch's own indexer)."""
+    return ix if r.size == n else _rows(s[r])
+
+
+def _rowdot(a: FloatArray, b: FloatArray) -> FloatArray:
+    """Per-row dot product of two ``(rows, n)`` arrays."""
+    out: FloatArray = np.einsum("ij,ij->i", a, b)
+    return out
+
+
+class DetectorBank:
+    """The numeric state of many detectors with one configuration, one row (slot) each.
+
+    Every per-frame step works on a batch of slots at once, so the per-frame cost of numpy's
+    call overhead is paid once per batch instead of once per call: the media ticker hands it
+    all the calls of one wake-up (see :func:`run_batch`).  A :class:`BargeInDetector` alone
+    owns a bank of one; in the gateway every call's detector takes a slot of its rate's
+    shared bank.  Batches are processed row by row with the same arithmetic, so a detector's
+    results do not depend on the company it keeps (tested).
+    """
+
+    def __init__(self, config: BargeInConfig, capacity: int = 8) -> None:
+        self.config = cfg = config
+        self.frame = frame = cfg.frame_samples
+        self.analyzer = an = _Analyzer(cfg.rate, frame)
+        self.nb = an.n_bands
+        fps = 1000.0 / cfg.frame_ms
+        self.lags = max(1, round(cfg.max_echo_delay_ms / cfg.frame_ms)) + 1  # lags 0..K
+        # Lags the ceilings cover: 0..K + extra.
+        self.clags = self.lags + round(_CEIL_EXTRA_MS / cfg.frame_ms)
+        self.ring = self.clags + _FAR_AHEAD_FRAMES + 2
+        self.lag_range = np.arange(self.clags)
+        self.lam = np.array([math.exp(-1.0 / (t * fps)) for t in (_FAST_TAU_S, _SLOW_TAU_S)])
+        self.one_minus_lam = 1.0 - self.lam
+        self.min_train = round(_MIN_TRAIN_S * fps)
+        self.max_disagree = round(_MAX_DISAGREE_S * fps)
+        self.gain_prior_lin = 10.0 ** (_GAIN_PRIOR_DB / 10.0)
+        self.ceil_rise = 10.0 ** (_CEIL_RISE_DB_PER_S / fps / 10.0)
+        self.ceil_min_far = 10.0 ** (_CEIL_MIN_FAR_DB / 10.0)
+        self.ceil_spread = max(1, round(_CEIL_SPREAD_MS / cfg.frame_ms))
+        self.ceil_floor = 10.0 ** (_CEIL_FLOOR_DB / 10.0)
+        self.ceil_headroom = 10.0 ** (_CEIL_HEADROOM_DB / 10.0)
+        self.noise_rise = 10.0 ** (_NOISE_RISE_DB_PER_S / fps / 10.0)
+        self.tail_decay = 10.0 ** (-_TAIL_DECAY_DB_PER_MS * cfg.frame_ms / 10.0)
+        self.margin = 10.0 ** (cfg.echo_margin_db / 10.0)
+        self.clear_margin = 10.0 ** (cfg.clear_margin_db / 10.0)
+        self.noise_margin = 10.0 ** (_NOISE_MARGIN_DB / 10.0)
+        self.gain_snr = 10.0 ** (_GAIN_SNR_DB / 10.0)
+        self._free: list[int] = []
+        self.capacity = 0
+        self._grow(max(capacity, 1))
+
+    # -- slots ---------------------------------------------------------------------------------
+
+    def _grow(self, capacity: int) -> None:
+        old = self.capacity
+        nb, ring, lags, clags, frame = self.nb, self.ring, self.lags, self.clags, self.frame
+
+        def grown(arr: npt.NDArray[Any] | None, shape: tuple[int, ...], dtype: Any) -> Any:
+            new = np.zeros((capacity, *shape), dtype=dtype)
+            if arr is not None:
+                new[:old] = arr
+            return new
+
+        g = getattr
+        # Far history per slot, indexed by absolute frame number modulo the ring size.
+        self.far_e = grown(g(self, "far_e", None), (ring, nb), np.float64)  # band energies
+        self.far_dev = grown(g(self, "far_dev", None), (ring, nb), np.float64)  # log - mean
+        self.far_dev2 = grown(g(self, "far_dev2", None), (ring,), np.float64)  # sum of dev^2
+        self.far_active = grown(g(self, "far_active", None), (ring,), np.bool_)
+        self.far_idx = grown(g(self, "far_idx", None), (ring,), np.int64)
+        self.prev_far = grown(g(self, "prev_far", None), (frame,), np.float64)
+        self.prev_near = grown(g(self, "prev_near", None), (frame,), np.float64)
+        # Running means of the log envelopes, bias-corrected (EMA from zero over the EMA of
+        # ones) so that they are right from the first frame: a mean that starts far off puts a
+        # common offset into every deviation, which correlates at every lag.
+        self.far_mean = grown(g(self, "far_mean", None), (nb,), np.float64)
+        self.near_mean = grown(g(self, "near_mean", None), (nb,), np.float64)
+        self.far_acc = grown(g(self, "far_acc", None), (nb,), np.float64)
+        self.near_acc = grown(g(self, "near_acc", None), (nb,), np.float64)
+        self.far_w = grown(g(self, "far_w", None), (), np.float64)
+        self.near_w = grown(g(self, "near_w", None), (), np.float64)
+        # Delay correlators: [fast, slow] x lag.
+        self.sxy = grown(g(self, "sxy", None), (2, lags), np.float64)
+        self.sxx = grown(g(self, "sxx", None), (2, lags), np.float64)
+        self.syy = grown(g(self, "syy", None), (2,), np.float64)
+        self.train = grown(g(self, "train", None), (), np.int64)
+        self.delay = grown(g(self, "delay", None), (), np.int64)  # trusted lag; -1: none
+        self.disagree = grown(g(self, "disagree", None), (), np.int64)
+        self.gain_db = grown(g(self, "gain_db", None), (nb,), np.float64)
+        self.gain = grown(g(self, "gain", None), (nb,), np.float64)  # linear
+        self.gain_prior = grown(g(self, "gain_prior", None), (nb,), np.float64)
+        self.ceil_lag = grown(g(self, "ceil_lag", None), (clags, nb), np.float64)  # lag x band
+        self.gain_updates = grown(g(self, "gain_updates", None), (), np.int64)
+        self.noise = grown(g(self, "noise", None), (nb,), np.float64)
+        self.noise_init = grown(g(self, "noise_init", None), (), np.bool_)
+        self.tail = grown(g(self, "tail", None), (nb,), np.float64)
+        self._free.extend(range(capacity - 1, old - 1, -1))
+        self.capacity = capacity
+
+    def acquire(self) -> int:
+        """A fresh slot (the bank grows when full)."""
+        if not self._free:
+            self._grow(2 * self.capacity)
+        slot = self._free.pop()
+        self._reset(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot in self._free:
+            raise ValueError(f"slot {slot} is not in use")
+        self._free.append(slot)
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - len(self._free)
+
+    def _reset(self, s: int) -> None:
+        self.far_e[s] = 0.0
+        self.far_dev[s] = 0.0
+        self.far_dev2[s] = 0.0
+        self.far_active[s] = False
+        # The sentinel matches no frame number (the first near frames look back to negative
+        # frame numbers, so -1 would).
+        self.far_idx[s] = np.iinfo(np.int64).min
+        self.prev_far[s] = 0.0
+        self.prev_near[s] = 0.0
+        self.far_mean[s] = _LOG_FLOOR_DB
+        self.near_mean[s] = _LOG_FLOOR_DB
+        self.far_acc[s] = 0.0
+        self.near_acc[s] = 0.0
+        self.far_w[s] = 0.0
+        self.near_w[s] = 0.0
+        self.sxy[s] = 0.0
+        self.sxx[s] = 0.0
+        self.syy[s] = 0.0
+        self.train[s] = 0
+        self.delay[s] = -1
+        self.disagree[s] = 0
+        self.gain_db[s] = _GAIN_PRIOR_DB
+        self.gain[s] = self.gain_prior_lin
+        self.gain_prior[s] = self.gain_prior_lin
+        self.ceil_lag[s] = self.gain_prior_lin
+        self.gain_updates[s] = 0
+        self.noise[s] = _FLOOR
+        self.noise_init[s] = False
+        self.tail[s] = 0.0
+
+    # -- far end -------------------------------------------------------------------------------
+
+    def add_far(
+        self, s: npt.NDArray[np.intp], idx: npt.NDArray[np.int64], frames: Int16Array
+    ) -> None:
+        """Far frames ``frames[i]`` (frame number ``idx[i]``) of slots ``s`` (distinct)."""
+        ix = _rows(s)
+        x = frames.astype(np.float64)
+        e = self.analyzer.process(self.prev_far[ix], x)
+        self.prev_far[ix] = x
+        log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
+        # Mean removal at arrival time, from far data only: the stored deviation then does not
+        # depend on how far and near calls interleave.
+        a = 1.0 - float(self.lam[1])
+        acc = self.far_acc[ix]
+        acc += a * (log_e - acc)
+        self.far_acc[ix] = acc
+        w = self.far_w[ix]
+        w += a * (1.0 - w)
+        self.far_w[ix] = w
+        mean = acc / w[:, None]
+        self.far_mean[ix] = mean
+        slot = idx % self.ring
+        dev = log_e - mean
+        self.far_e[s, slot] = e
+        self.far_dev[s, slot] = dev
+        self.far_dev2[s, slot] = _rowdot(dev, dev)
+        self.far_active[s, slot] = 10.0 * np.log10(e.sum(axis=1)) > _FAR_ACTIVE_DB
+        self.far_idx[s, slot] = idx
+
+    # -- near end ------------------------------------------------------------------------------
+
+    def near(
+        self, s: npt.NDArray[np.intp], idx: npt.NDArray[np.int64], frames: Int16Array,
+        vad: npt.NDArray[np.bool_],
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], FloatArray]:
+        """Near frames of slots ``s`` (distinct) with their webrtcvad verdicts.
+
+        Returns per row: evidence, clear evidence, strong evidence, caller share.
+        """
+        ix = _rows(s)
+        n = s.size
+        x = frames.astype(np.float64)
+        e = self.analyzer.process(self.prev_near[ix], x)
+        self.prev_near[ix] = x
+        min_share = self.config.min_caller_share
+
+        # Far window: frames idx, idx-1, ... (lag order, the ceilings' range); frames not (or
+        # no longer) held read as silence.
+        want = idx[:, None] - self.lag_range
+        slots = want % self.ring
+        rows = s[:, None]
+        held = self.far_idx[rows, slots] == want
+        far_e = self.far_e[rows, slots]
+        far_dev = self.far_dev[rows, slots]
+        far_dev2 = self.far_dev2[rows, slots]
+        far_active = self.far_active[rows, slots] & held
+        if not held.all():
+            far_e[~held] = _FLOOR
+            far_dev[~held] = 0.0
+            far_dev2[~held] = 0.0
+        any_far = far_active.any(axis=1)
+
+        # Near noise floor (minimum statistics): drops at once, rises a few dB per second.
+        # Started from the first frame: webrtcvad flags the first frames of plain noise as
+        # speech (its own noise model starts unadapted), so the floor must be right from the
+        # start; if the stream opens with speech, the floor falls to the first dip.
+        noise = np.minimum(self.noise[ix] * self.noise_rise, e)
+        fresh = ~self.noise_init[ix]
+        if fresh.any():
+            noise[fresh] = e[fresh]
+            self.noise_init[ix] = True
+        self.noise[ix] = noise
+        noise_m = self.noise_margin * noise
+
+        # Expected echo per band, at the trusted delay; while the delay is not trusted, the
+        # echo ceilings: the far frame at every lag times that lag's bound (at most the
+        # prior): valid whatever the delay, and tight once the agent has spoken for a few
+        # syllables.  Each lag's ceiling covers that lag +-1 frame (a delay between frames,
+        # dispersion): it is learnt against the quietest of the three and applied to the
+        # loudest.
+        ref_any = far_e.max(axis=1)
+        far_lo, far_hi = self._spread(far_e)
+        prior = self.gain_prior[ix]  # the learnt gain, at least the prior (linear)
+        ceil = self.ceil_lag[ix]
+        cap = np.minimum(ceil * self.ceil_headroom, prior[:, None, :])
+        bound = (far_hi * cap).max(axis=1)
+        tail_old = self.tail[ix]
+        delay = self.delay[ix]
+        trusted = delay >= 0
+        gain = self.gain[ix]
+        # Far energy at the trusted lag +-1 (rows without a trusted lag: unused).
+        lag_lo = np.maximum(delay - 1, 0)[:, None]
+        lag_hi = np.minimum(delay + 2, self.lags)[:, None]
+        near_lag = (self.lag_range >= lag_lo) & (self.lag_range < lag_hi)
+        ref = np.where(near_lag[:, :, None], far_e, 0.0).max(axis=1)
+        learnt = ref * gain
+        # While the learnt gain is still converging the ceiling is often the tighter one.
+        expected = self._with_tail(
+            np.where(trusted[:, None], np.minimum(learnt, bound), bound), tail_old
+        )
+        share, clear = self._shares(e, expected, noise_m)
+        candidate = share >= min_share
+        # The gain learns from frames the learnt path explains (so it can follow a path that
+        # got louder, which the ceilings only do slowly); that share is at most the one above,
+        # so it only needs computing when that one is a candidate.
+        learn_share = share.copy()
+        pick = trusted & candidate
+        if pick.any():
+            learn_share[pick] = self._caller_share(
+                e[pick], self._with_tail(learnt[pick], tail_old[pick]), noise_m[pick]
+            )
+        # Delay-agnostic check: could the agent's audio at *any* lag in range explain this
+        # frame?  An onset must contain at least one frame where it cannot; otherwise a sudden
+        # change of echo delay (echo arriving where none was expected) would read as a caller
+        # until the correlators catch up (~0.5 s).  Trusted rows: the loudest far frame at the
+        # learnt gain.  Others: the loudest far frame at the largest gain any lag allows, and
+        # at least at the learnt gain once there is one (after a change of delay the ceilings
+        # at the new lag still say "no echo here" until they rise); its expected echo is at
+        # least the one above, so below the share there is no need to look.
+        strong = share.copy()
+        if trusted.any():
+            strong[trusted] = self._caller_share(
+                e[trusted], np.maximum(ref_any[trusted] * gain[trusted], tail_old[trusted]),
+                noise_m[trusted],
+            )
+        pick = ~trusted & candidate
+        if pick.any():
+            any_gain = np.where(
+                (self.gain_updates[ix][pick] == 0)[:, None], cap[pick].max(axis=1), prior[pick]
+            )
+            strong[pick] = self._caller_share(
+                e[pick], np.maximum(ref_any[pick] * any_gain, expected[pick]), noise_m[pick]
+            )
+        self.tail[ix] = expected
+        evidence = vad & candidate
+        strong_ev = evidence & (strong >= min_share)
+        clear_ev = evidence & (clear >= min_share)
+
+        # Learn the echo path only from frames that look like echo: a caller frame would blur
+        # the delay correlation and inflate the echo gain.  The delay search skips only frames
+        # that no lag can explain; echo that moved to another lag must still feed it, or a
+        # changed path would freeze the very estimate that has to follow it.  The gain, which
+        # is tied to the trusted lag, learns only from frames explained at that lag.  (Neither
+        # is gated on the speaking state: a false start must not freeze its own cure.)
+        if any_far.any():
+            r = np.flatnonzero(any_far)
+            if r.size == n:
+                self._update_ceiling(ix, e, far_lo, noise, ceil)
+            else:
+                self._update_ceiling(_sub(s, ix, r, n), e[r], far_lo[r], noise[r], ceil[r])
+            echo_like = any_far & (strong < min_share)
+            if echo_like.any():
+                r = np.flatnonzero(echo_like)
+                k = self.lags
+                if r.size == n:
+                    self._update_delay(ix, e, far_dev[:, :k], far_dev2[:, :k], delay)
+                else:
+                    self._update_delay(
+                        _sub(s, ix, r, n), e[r], far_dev[r, :k], far_dev2[r, :k], delay[r]
+                    )
+            # The gain follows the delay as just updated by this frame.
+            delay_now = self.delay[ix]
+            learn = any_far & (learn_share < min_share) & (delay_now >= 0)
+            if learn.any():
+                lag_now = (self.lag_range >= np.maximum(delay_now - 1, 0)[:, None]) & (
+                    self.lag_range < np.minimum(delay_now + 2, self.lags)[:, None]
+                )
+                learn &= (far_active & lag_now).any(axis=1)
+                if learn.any():
+                    ref = np.where(lag_now[:, :, None], far_e, 0.0).max(axis=1)
+                    r = np.flatnonzero(learn)
+                    if r.size == n:
+                        self._update_gain(s, ix, e, ref, noise)
+                    else:
+                        self._update_gain(s[r], _sub(s, ix, r, n), e[r], ref[r], noise[r])
+        return evidence, clear_ev, strong_ev, share
+
+    def _with_tail(self, expected: FloatArray, tail: FloatArray) -> FloatArray:
+        # Non-linear echo paths (overdriven speakerphones, compressors) put harmonics of a loud
+        # band into others: every band expects a small share of the total echo as well.  The
+        # decaying tail covers reverberation longer than the ±1 frame delay window.
+        spread = expected + _LEAK * expected.sum(axis=1, keepdims=True)
+        out: FloatArray = np.maximum(spread, tail * self.tail_decay)
+        return out
+
+    def _caller_share(self, e: FloatArray, expected: FloatArray, noise_m: FloatArray) -> FloatArray:
+        """Fraction of each frame's energy in bands the expected echo and noise cannot explain."""
+        total = e.sum(axis=1)
+        caller = np.where(e > self.margin * expected + noise_m, e, 0.0).sum(axis=1)
+        out: FloatArray = np.divide(caller, total, out=np.zeros_like(total), where=total > 0.0)
+        return out
+
+    def _shares(
+        self, e: FloatArray, expected: FloatArray, noise_m: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """:meth:`_caller_share` at the echo margin and at the clear margin."""
+        total = e.sum(axis=1)
+        share = np.where(e > self.margin * expected + noise_m, e, 0.0).sum(axis=1)
+        clear = np.where(e > self.clear_margin * expected + noise_m, e, 0.0).sum(axis=1)
+        ok = total > 0.0
+        np.divide(share, total, out=share, where=ok)
+        np.divide(clear, total, out=clear, where=ok)
+        share[~ok] = 0.0
+        clear[~ok] = 0.0
+        return share, clear
+
+    def _spread(self, far_e: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Per lag, the min and the max of the far energies within ``_CEIL_SPREAD_MS`` of it."""
+        lo = far_e.copy()
+        hi = far_e.copy()
+        for j in range(1, self.ceil_spread + 1):
+            np.minimum(lo[:, j:], far_e[:, :-j], out=lo[:, j:])
+            np.minimum(lo[:, :-j], far_e[:, j:], out=lo[:, :-j])
+            np.maximum(hi[:, j:], far_e[:, :-j], out=hi[:, j:])
+            np.maximum(hi[:, :-j], far_e[:, j:], out=hi[:, :-j])
+        return lo, hi
+
+    def _update_ceiling(
+        self, ix: Rows, e: FloatArray, far_lo: FloatArray, noise: FloatArray, ceil: FloatArray
+    ) -> None:
+        # Min-hold per lag and band of near (noise removed) over far, where the far end was
+        # loud enough to tell; every ceiling rises slowly so that a path can get louder.
+        echo = np.maximum(e - 2.0 * noise, _FLOOR)
+        ratio = np.maximum(echo[:, None, :] / far_lo, self.ceil_floor)
+        risen = np.minimum(ceil * self.ceil_rise, self.gain_prior_lin)
+        self.ceil_lag[ix] = np.where(far_lo > self.ceil_min_far, np.minimum(risen, ratio), risen)
+
+    def _update_delay(
+        self, ix: Rows, e: FloatArray, far_dev: FloatArray, far_dev2: FloatArray,
+        delay: npt.NDArray[np.int64],
+    ) -> None:
+        log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
+        a = 1.0 - float(self.lam[1])
+        acc = self.near_acc[ix]
+        acc += a * (log_e - acc)
+        self.near_acc[ix] = acc
+        w = self.near_w[ix]
+        w += a * (1.0 - w)
+        self.near_w[ix] = w
+        mean = acc / w[:, None]
+        self.near_mean[ix] = mean
+        y = log_e - mean
+        lam = self.lam[None, :, None]
+        oml = self.one_minus_lam[None, :, None]
+        fy = np.einsum("blk,bk->bl", far_dev, y)
+        sxy = self.sxy[ix] * lam + oml * fy[:, None, :]
+        sxx = self.sxx[ix] * lam + oml * far_dev2[:, None, :]
+        syy = self.lam * self.syy[ix] + self.one_minus_lam * _rowdot(y, y)[:, None]
+        self.sxy[ix] = sxy
+        self.sxx[ix] = sxx
+        self.syy[ix] = syy
+        train = self.train[ix] + 1
+        self.train[ix] = train
+        corr = sxy / np.sqrt(sxx * syy[:, :, None] + 1e-12)
+        fast = corr[:, 0].argmax(axis=1)
+        slow = corr[:, 1].argmax(axis=1)
+        rows = np.arange(len(e))
+        # The fast correlator moves first when the echo path changes; a short disagreement
+        # (a burst of double talk the evidence gate let through) must not drop trust, a
+        # sustained one must.
+        disagree = np.where(np.abs(fast - slow) <= 1, 0, self.disagree[ix] + 1)
+        self.disagree[ix] = disagree
+        trusted = (
+            (train >= self.min_train)
+            & (corr[rows, 1, slow] >= _MIN_CORR)
+            & (disagree < self.max_disagree)
+            & ((delay >= 0) | (corr[rows, 0, fast] >= _MIN_CORR))
+        )
+        self.delay[ix] = np.where(trusted, slow, -1)
+
+    def _update_gain(
+        self, s: npt.NDArray[np.intp], ix: Rows, e: FloatArray, ref: FloatArray,
+        noise: FloatArray,
+    ) -> None:
+        # Quantile tracking in dB (stochastic gradient on the pinball loss): converges to the
+        # 80th percentile of near/far ratios; large steps early, fine steps once settled.
+        # Noise is subtracted (the floor is a minimum, so twice it is about the mean) and only
+        # bands whose far energy clearly dominates the near noise count: otherwise a weak echo
+        # reads as "echo gain = noise / far", far too high.
+        echo = np.maximum(e - 2.0 * noise, _FLOOR)
+        ratio_db = np.clip(10.0 * np.log10(echo / ref), -60.0, 20.0)
+        useful = ref > self.gain_snr * noise
+        gain_db = self.gain_db[ix]
+        updates = self.gain_updates[ix]
+        first = updates == 0
+        if first.any():
+            # Start from the echo ceilings (the largest gain any lag allows) where they are
+            # below the prior: they were learnt on this same path, and the quantile tracker
+            # needs a second or more to come down from the prior on its own.
+            ceil_db = 10.0 * np.log10(self.ceil_lag[s[first]].max(axis=1) * self.ceil_headroom)
+            gain_db[first] = np.minimum(gain_db[first], ceil_db)
+        updates = updates + 1
+        self.gain_updates[ix] = updates
+        step = np.maximum(0.25, 3.0 / np.sqrt(updates))
+        delta = np.where(ratio_db > gain_db, _GAIN_QUANTILE, _GAIN_QUANTILE - 1.0)
+        gain_db = np.where(useful, gain_db + step[:, None] * delta, gain_db)
+        self.gain_db[ix] = gain_db
+        gain = 10.0 ** (gain_db / 10.0)
+        self.gain[ix] = gain
+        self.gain_prior[ix] = np.maximum(gain, self.gain_prior_lin)
 
 
 class _Framer:
@@ -344,70 +814,30 @@ class _Framer:
 
 
 class BargeInDetector:
-    """Streaming echo-aware VAD for one call leg.  See the module docstring for the method."""
+    """Streaming echo-aware VAD for one call leg.  See the module docstring for the method.
 
-    def __init__(self, config: BargeInConfig | None = None) -> None:
-        self.config = cfg = config if config is not None else BargeInConfig()
+    ``bank``: a shared :class:`DetectorBank` (same config) to take a slot in, so that the
+    gateway can run the detectors of many calls in one batch (:func:`run_batch`); without one
+    the detector owns a bank of one.  :meth:`close` gives the slot back.
+    """
+
+    def __init__(
+        self, config: BargeInConfig | None = None, bank: DetectorBank | None = None
+    ) -> None:
+        cfg = config if config is not None else (bank.config if bank is not None else None)
+        self.config = cfg = cfg if cfg is not None else BargeInConfig()
+        if bank is not None and bank.config != cfg:
+            raise ValueError("the bank was made for another configuration")
+        self._bank = bank if bank is not None else DetectorBank(cfg, capacity=1)
+        self._slot = self._bank.acquire()
+        self._slots = np.array([self._slot], dtype=np.intp)
         self._frame = frame = cfg.frame_samples
         self._vad = webrtcvad.Vad(cfg.aggressiveness)
         self._far_framer = _Framer(frame)
         self._near_framer = _Framer(frame)
-        self._far_an = _Analyzer(cfg.rate, frame)
-        self._near_an = _Analyzer(cfg.rate, frame)
-        nb = self._far_an.n_bands
-        fps = 1000.0 / cfg.frame_ms
-        self._lags = max(1, round(cfg.max_echo_delay_ms / cfg.frame_ms)) + 1  # lags 0..K
-        # Lags the ceilings cover: 0..K + extra.
-        self._clags = self._lags + round(_CEIL_EXTRA_MS / cfg.frame_ms)
-        self._ring = self._clags + _FAR_AHEAD_FRAMES + 2
-        # Far history, indexed by absolute frame number modulo the ring size.
-        self._far_e = np.zeros((self._ring, nb))  # band energies
-        self._far_dev = np.zeros((self._ring, nb))  # log-envelope minus its running mean
-        self._far_dev2 = np.zeros(self._ring)  # sum of squared deviations over the bands
-        self._far_active = np.zeros(self._ring, dtype=bool)
-        self._lag_range = np.arange(self._clags)
-        # Which frame sits in a slot; the sentinel matches no frame number (the first near frames
-        # look back to negative frame numbers, so -1 would).
-        self._far_idx = np.full(self._ring, np.iinfo(np.int64).min, dtype=np.int64)
-        # Running means of the log envelopes, bias-corrected (EMA from zero over the EMA of
-        # ones) so that they are right from the first frame: a mean that starts far off puts
-        # a common offset into every deviation, which correlates at every lag.
-        self._far_mean = np.full(nb, _LOG_FLOOR_DB)
-        self._near_mean = np.full(nb, _LOG_FLOOR_DB)
-        self._far_acc = np.zeros(nb)
-        self._near_acc = np.zeros(nb)
-        self._far_w = 0.0
-        self._near_w = 0.0
-        # Delay correlators: [fast, slow] x lag.
-        self._lam = np.array([math.exp(-1.0 / (t * fps)) for t in (_FAST_TAU_S, _SLOW_TAU_S)])
-        self._one_minus_lam = 1.0 - self._lam[:, None]
-        self._sxy = np.zeros((2, self._lags))
-        self._sxx = np.zeros((2, self._lags))
-        self._syy = np.zeros(2)
-        self._train_frames = 0
-        self._min_train = round(_MIN_TRAIN_S * fps)
-        self._delay: int | None = None  # trusted lag in frames
-        self._disagree = 0
-        self._max_disagree = round(_MAX_DISAGREE_S * fps)
-        self._gain_db = np.full(nb, _GAIN_PRIOR_DB)
-        self._gain = self._gain_prior = np.full(nb, 10.0 ** (_GAIN_PRIOR_DB / 10.0))  # linear
-        self._ceil_prior = 10.0 ** (_GAIN_PRIOR_DB / 10.0)
-        self._ceil_lag = np.full((self._clags, nb), self._ceil_prior)  # linear, lag x band
-        self._ceil_rise = 10.0 ** (_CEIL_RISE_DB_PER_S / fps / 10.0)
-        self._ceil_min_far = 10.0 ** (_CEIL_MIN_FAR_DB / 10.0)
-        self._ceil_spread = max(1, round(_CEIL_SPREAD_MS / cfg.frame_ms))
-        self._ceil_floor = 10.0 ** (_CEIL_FLOOR_DB / 10.0)
-        self._ceil_headroom = 10.0 ** (_CEIL_HEADROOM_DB / 10.0)
-        self._gain_updates = 0
-        self._noise = np.full(nb, _FLOOR)
-        self._noise_init = False
-        self._noise_rise = 10.0 ** (_NOISE_RISE_DB_PER_S / fps / 10.0)
-        self._tail = np.zeros(nb)
-        self._tail_decay = 10.0 ** (-_TAIL_DECAY_DB_PER_MS * cfg.frame_ms / 10.0)
-        self._margin = 10.0 ** (cfg.echo_margin_db / 10.0)
-        self._clear_margin = 10.0 ** (cfg.clear_margin_db / 10.0)
-        self._noise_margin = 10.0 ** (_NOISE_MARGIN_DB / 10.0)
-        self._gain_snr = 10.0 ** (_GAIN_SNR_DB / 10.0)
+        # Frames cut but not yet analysed (see stage_far/stage_near and run_batch).
+        self._far_q: list[tuple[int, Int16Array]] = []
+        self._near_q: list[tuple[int, Int16Array]] = []
         # Onset evidence in units: a frame counts ``need_fast`` units, a clear one ``need``;
         # a run decides at need * need_fast (min_speech_ms of evidence, fast_speech_ms of
         # clear evidence, or a mix).
@@ -424,9 +854,24 @@ class BargeInDetector:
         self._run_strong = False
         self._last_speech_end = 0
         self._silent_frames = 0
+        self._closed = False
         # Last frame's internals: diagnostics for metrics and tuning, not a stable interface.
         self.last_caller_share = 0.0
         self.last_vad = False
+
+    def close(self) -> None:
+        """Give the bank slot back (the detector is not used any more)."""
+        if not self._closed:
+            self._closed = True
+            self._bank.release(self._slot)
+
+    @property
+    def bank(self) -> DetectorBank:
+        return self._bank
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- public state -------------------------------------------------------------------------
 
@@ -438,17 +883,19 @@ class BargeInDetector:
     @property
     def echo_delay_ms(self) -> float | None:
         """Trusted echo path delay (frame resolution), or None while not trusted."""
-        return None if self._delay is None else float(self._delay * self.config.frame_ms)
+        d = int(self._bank.delay[self._slot])
+        return None if d < 0 else float(d * self.config.frame_ms)
 
     @property
     def erl_db(self) -> float | None:
         """Estimated echo return loss (dB, positive = echo below what was sent): the learnt
         band gains averaged in power, weighted by the agent's long-term spectrum; None before
         any gain has been learnt at a trusted delay."""
-        if self._gain_updates == 0:
+        b, s = self._bank, self._slot
+        if b.gain_updates[s] == 0:
             return None
-        w = 10.0 ** (self._far_mean / 10.0)
-        g = 10.0 ** (self._gain_db / 10.0)
+        w = 10.0 ** (b.far_mean[s] / 10.0)
+        g = 10.0 ** (b.gain_db[s] / 10.0)
         return float(-10.0 * math.log10(float(w @ g) / float(np.sum(w))))
 
     @property
@@ -479,234 +926,26 @@ class BargeInDetector:
         ``at_sample``: media time of ``pcm[0]``; None continues where the last call ended
         (the first call then starts at 0).
         """
-        for start, frame in self._far_framer.push(pcm, at_sample):
-            self._add_far(start // self._frame, frame)
+        self.stage_far(pcm, at_sample)
+        run_batch([self])
 
     def near_end(self, pcm: npt.ArrayLike, now_samples: int) -> list[VadEvent]:
         """Caller audio as received and decoded (int16, any length); ``now_samples`` is the
         media time of ``pcm[0]``.  Returns the events of every frame completed by it."""
-        events: list[VadEvent] = []
-        for start, frame in self._near_framer.push(pcm, now_samples):
-            ev = self._near_frame(start, frame)
-            if ev is not None:
-                events.append(ev)
-        return events
+        self.stage_near(pcm, now_samples)
+        return run_batch([self])[0]
+
+    def stage_far(self, pcm: npt.ArrayLike, at_sample: int | None = None) -> None:
+        """As :meth:`far_end`, analysed at the next :func:`run_batch` that includes this
+        detector (far audio staged before near audio of the same tick, as with the direct
+        calls)."""
+        self._far_q += self._far_framer.push(pcm, at_sample)
+
+    def stage_near(self, pcm: npt.ArrayLike, now_samples: int) -> None:
+        """As :meth:`near_end`; the events come from :func:`run_batch`."""
+        self._near_q += self._near_framer.push(pcm, now_samples)
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _add_far(self, idx: int, frame: Int16Array) -> None:
-        e = self._far_an.process(frame)
-        log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
-        # Mean removal at arrival time, from far data only: the stored deviation then does not
-        # depend on how far and near calls interleave.
-        a = 1.0 - float(self._lam[1])
-        self._far_acc += a * (log_e - self._far_acc)
-        self._far_w += a * (1.0 - self._far_w)
-        self._far_mean = self._far_acc / self._far_w
-        slot = idx % self._ring
-        self._far_e[slot] = e
-        dev = log_e - self._far_mean
-        self._far_dev[slot] = dev
-        self._far_dev2[slot] = float(dev @ dev)
-        self._far_active[slot] = 10.0 * math.log10(float(e.sum())) > _FAR_ACTIVE_DB
-        self._far_idx[slot] = idx
-
-    def _far_window(
-        self, idx: int
-    ) -> tuple[FloatArray, FloatArray, FloatArray, npt.NDArray[np.bool_]]:
-        """Far energies/deviations/squared-deviation sums/activity for frames idx, idx-1, ...
-        (lag order, the ceilings' range); frames not (or no longer) held read as silence."""
-        want = idx - self._lag_range
-        slots = want % self._ring
-        held = self._far_idx[slots] == want
-        e = self._far_e[slots]
-        dev = self._far_dev[slots]
-        dev2 = self._far_dev2[slots]
-        active = self._far_active[slots]
-        if not held.all():
-            e[~held] = _FLOOR
-            dev[~held] = 0.0
-            dev2[~held] = 0.0
-            active &= held
-        return e, dev, dev2, active
-
-    def _near_frame(self, start: int, frame: Int16Array) -> VadEvent | None:
-        idx = start // self._frame
-        e = self._near_an.process(frame)
-        far_e, far_dev, far_dev2, far_active = self._far_window(idx)
-        any_far = bool(far_active.any())
-
-        # Near noise floor (minimum statistics): drops at once, rises a few dB per second.
-        if not self._noise_init:
-            # Start from the first frame.  webrtcvad flags the first frames of plain noise as
-            # speech (its own noise model starts unadapted), so the floor must be right from
-            # the start; if the stream opens with speech, the floor falls to the first dip.
-            self._noise = e.copy()
-            self._noise_init = True
-        else:
-            self._noise = np.minimum(self._noise * self._noise_rise, e)
-
-        # Expected echo per band, at the trusted delay; while the delay is not trusted, the
-        # loudest far frame at any lag with at least the prior gain (conservative).
-        vad = self._vad.is_speech(frame.tobytes(), self.config.rate)
-        ref_any = far_e.max(axis=0)
-        # Echo ceilings: the far frame at every lag times that lag's bound (at most the prior):
-        # valid whatever the delay, and tight once the agent has spoken for a few syllables.
-        # Each lag's ceiling covers that lag +-1 frame (a delay between frames, dispersion):
-        # it is learnt against the quietest of the three and applied to the loudest.
-        far_lo, far_hi = self._spread(far_e)
-        prior = self._gain_prior  # the learnt gain, at least the prior (linear)
-        cap = np.minimum(self._ceil_lag * self._ceil_headroom, prior)
-        bound = (far_hi * cap).max(axis=0)
-        if self._delay is not None:
-            d = self._delay
-            lo, hi = max(d - 1, 0), min(d + 2, self._lags)
-            gain = self._gain
-            learnt = far_e[lo:hi].max(axis=0) * gain
-            # While the learnt gain is still converging the ceiling is often the tighter one.
-            expected = self._with_tail(np.minimum(learnt, bound))
-            share, clear = self._shares(e, expected)
-            # The gain learns from frames the learnt path explains (so it can follow a path
-            # that got louder, which the ceilings only do slowly); that share is at most the
-            # one above, so it only needs computing when that one is a candidate.
-            learn_share = share
-            if share >= self.config.min_caller_share:
-                learn_share = self._caller_share(e, self._with_tail(learnt))
-            # Delay-agnostic check: could the agent's audio at *any* lag in range explain this
-            # frame?  An onset must contain at least one frame where it cannot; otherwise a
-            # sudden change of echo delay (echo arriving where none was expected) would read
-            # as a caller until the correlators catch up (~0.5 s).
-            strong = self._caller_share(e, np.maximum(ref_any * gain, self._tail))
-        else:
-            expected = self._with_tail(bound)
-            share, clear = self._shares(e, expected)
-            learn_share = share
-            # Delay-agnostic: the loudest far frame at the largest gain any lag allows, and at
-            # least at the learnt gain once there is one (after a change of delay the ceilings
-            # at the new lag still say "no echo here" until they rise).
-            # (Its expected echo is at least the one above: below the share, no need to look.)
-            strong = share
-            if share >= self.config.min_caller_share:
-                any_gain = cap.max(axis=0) if self._gain_updates == 0 else prior
-                strong = self._caller_share(e, np.maximum(ref_any * any_gain, expected))
-        self._tail = expected
-        self.last_caller_share = share
-        self.last_vad = vad
-        min_share = self.config.min_caller_share
-        evidence = vad and share >= min_share
-        strong_evidence = evidence and strong >= self.config.min_caller_share
-
-        # Learn the echo path only from frames that look like echo: a caller frame would blur
-        # the delay correlation and inflate the echo gain.  The delay search skips only frames
-        # that no lag can explain; echo that moved to another lag must still feed it, or a
-        # changed path would freeze the very estimate that has to follow it.  The gain, which
-        # is tied to the trusted lag, learns only from frames explained at that lag.  (Neither
-        # is gated on the speaking state: a false start must not freeze its own cure.)
-        if any_far:
-            self._update_ceiling(e, far_lo)
-        if any_far and strong < self.config.min_caller_share:
-            k = self._lags
-            self._update_delay(e, far_dev[:k], far_dev2[:k])
-        if any_far and learn_share < self.config.min_caller_share and self._delay is not None:
-            d = self._delay
-            lo, hi = max(d - 1, 0), min(d + 2, self._lags)
-            if bool(far_active[lo:hi].any()):
-                self._update_gain(e, far_e[lo:hi].max(axis=0))
-        clear_evidence = evidence and clear >= min_share
-        return self._decide(evidence, clear_evidence, strong_evidence, start, start + self._frame)
-
-    def _with_tail(self, expected: FloatArray) -> FloatArray:
-        # Non-linear echo paths (overdriven speakerphones, compressors) put harmonics of a loud
-        # band into others: every band expects a small share of the total echo as well.  The
-        # decaying tail covers reverberation longer than the ±1 frame delay window.
-        spread = expected + _LEAK * float(expected.sum())
-        out: FloatArray = np.maximum(spread, self._tail * self._tail_decay)
-        return out
-
-    def _caller_share(self, e: FloatArray, expected: FloatArray) -> float:
-        """Fraction of the frame's energy in bands the expected echo and noise cannot explain."""
-        caller_band = e > self._margin * expected + self._noise_margin * self._noise
-        total = float(e.sum())
-        return float(e[caller_band].sum()) / total if total > 0.0 else 0.0
-
-    def _shares(self, e: FloatArray, expected: FloatArray) -> tuple[float, float]:
-        """:meth:`_caller_share` at the echo margin and at the clear margin."""
-        noise = self._noise_margin * self._noise
-        total = float(e.sum())
-        if total <= 0.0:
-            return 0.0, 0.0
-        share = float(e[e > self._margin * expected + noise].sum()) / total
-        clear = float(e[e > self._clear_margin * expected + noise].sum()) / total
-        return share, clear
-
-    def _update_delay(self, e: FloatArray, far_dev: FloatArray, far_dev2: FloatArray) -> None:
-        log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
-        a = 1.0 - float(self._lam[1])
-        self._near_acc += a * (log_e - self._near_acc)
-        self._near_w += a * (1.0 - self._near_w)
-        self._near_mean = self._near_acc / self._near_w
-        y = log_e - self._near_mean
-        lam = self._lam[:, None]
-        self._sxy *= lam
-        self._sxy += self._one_minus_lam * (far_dev @ y)
-        self._sxx *= lam
-        self._sxx += self._one_minus_lam * far_dev2
-        self._syy = self._lam * self._syy + (1.0 - self._lam) * float(y @ y)
-        self._train_frames += 1
-        corr = self._sxy / np.sqrt(self._sxx * self._syy[:, None] + 1e-12)
-        fast, slow = int(corr[0].argmax()), int(corr[1].argmax())
-        # The fast correlator moves first when the echo path changes; a short disagreement
-        # (a burst of double talk the evidence gate let through) must not drop trust, a
-        # sustained one must.
-        self._disagree = 0 if abs(fast - slow) <= 1 else self._disagree + 1
-        trusted = (
-            self._train_frames >= self._min_train
-            and corr[1, slow] >= _MIN_CORR
-            and self._disagree < self._max_disagree
-            and (self._delay is not None or corr[0, fast] >= _MIN_CORR)
-        )
-        self._delay = slow if trusted else None
-
-    def _spread(self, far_e: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Per lag, the min and the max of the far energies within ``_CEIL_SPREAD_MS`` of it."""
-        lo = far_e.copy()
-        hi = far_e.copy()
-        for j in range(1, self._ceil_spread + 1):
-            np.minimum(lo[j:], far_e[:-j], out=lo[j:])
-            np.minimum(lo[:-j], far_e[j:], out=lo[:-j])
-            np.maximum(hi[j:], far_e[:-j], out=hi[j:])
-            np.maximum(hi[:-j], far_e[j:], out=hi[:-j])
-        return lo, hi
-
-    def _update_ceiling(self, e: FloatArray, far_lo: FloatArray) -> None:
-        # Min-hold per lag and band of near (noise removed) over far, where the far end was
-        # loud enough to tell; every ceiling rises slowly so that a path can get louder.
-        echo = np.maximum(e - 2.0 * self._noise, _FLOOR)
-        ratio = np.maximum(echo / far_lo, self._ceil_floor)
-        risen = np.minimum(self._ceil_lag * self._ceil_rise, self._ceil_prior)
-        self._ceil_lag = np.where(far_lo > self._ceil_min_far, np.minimum(risen, ratio), risen)
-
-    def _update_gain(self, e: FloatArray, ref: FloatArray) -> None:
-        # Quantile tracking in dB (stochastic gradient on the pinball loss): converges to the
-        # 90th percentile of near/far ratios; large steps early, fine steps once settled.
-        # Noise is subtracted (the floor is a minimum, so twice it is about the mean) and only
-        # bands whose far energy clearly dominates the near noise count: otherwise a weak echo
-        # reads as "echo gain = noise / far", far too high.
-        echo = np.maximum(e - 2.0 * self._noise, _FLOOR)
-        ratio_db = np.clip(10.0 * np.log10(echo / ref), -60.0, 20.0)
-        useful = ref > self._gain_snr * self._noise
-        if self._gain_updates == 0:
-            # Start from the echo ceilings (the largest gain any lag allows) where they are
-            # below the prior: they were learnt on this same path, and the quantile tracker
-            # needs a second or more to come down from the prior on its own.
-            ceil_db = 10.0 * np.log10(self._ceil_lag.max(axis=0) * self._ceil_headroom)
-            self._gain_db = np.minimum(self._gain_db, ceil_db)
-        self._gain_updates += 1
-        step = max(0.25, 3.0 / math.sqrt(self._gain_updates))
-        delta = np.where(ratio_db > self._gain_db, _GAIN_QUANTILE, _GAIN_QUANTILE - 1.0)
-        self._gain_db = np.where(useful, self._gain_db + step * delta, self._gain_db)
-        self._gain = 10.0 ** (self._gain_db / 10.0)
-        self._gain_prior = np.maximum(self._gain, 10.0 ** (_GAIN_PRIOR_DB / 10.0))
 
     def _decide(
         self, evidence: bool, clear: bool, strong: bool, start: int, end: int
@@ -738,6 +977,64 @@ class BargeInDetector:
             if self._run_gap > self._max_gap:
                 self._run_onset = -1
         return None
+
+
+def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
+    """Analyse every frame staged on ``detectors`` (distinct, all of one bank), far frames
+    first; returns each detector's events in order.
+
+    One vectorised step per round over all detectors with a frame left, so a wake-up of the
+    media ticker pays numpy's per-call overhead once, not once per call.  A detector's result
+    is the same as feeding it alone (each row is computed on its own).
+    """
+    events: list[list[VadEvent]] = [[] for _ in detectors]
+    if not detectors:
+        return events
+    bank = detectors[0]._bank
+    for d in detectors:
+        if d._bank is not bank:
+            raise ValueError("run_batch: detectors of different banks")
+        if d._closed:
+            raise RuntimeError("run_batch: a closed detector")
+    frame = bank.frame
+    # Far first: a near frame looks back at far frames of the same tick.
+    while True:
+        ready = [d for d in detectors if d._far_q]
+        if not ready:
+            break
+        heads = [d._far_q.pop(0) for d in ready]
+        bank.add_far(
+            np.array([d._slot for d in ready], dtype=np.intp),
+            np.array([start // frame for start, _ in heads], dtype=np.int64),
+            np.stack([f for _, f in heads]),
+        )
+    while True:
+        pos = [i for i, d in enumerate(detectors) if d._near_q]
+        if not pos:
+            break
+        ready = [detectors[i] for i in pos]
+        heads = [d._near_q.pop(0) for d in ready]
+        rate = bank.config.rate
+        vad = np.array(
+            [d._vad.is_speech(f.tobytes(), rate) for d, (_, f) in zip(ready, heads, strict=True)]
+        )
+        evidence, clear, strong, share = bank.near(
+            np.array([d._slot for d in ready], dtype=np.intp),
+            np.array([start // frame for start, _ in heads], dtype=np.int64),
+            np.stack([f for _, f in heads]),
+            vad,
+        )
+        ev_l, cl_l, st_l, sh_l, vad_l = (
+            evidence.tolist(), clear.tolist(), strong.tolist(), share.tolist(), vad.tolist()
+        )
+        for j, (i, d) in enumerate(zip(pos, ready, strict=True)):
+            start = heads[j][0]
+            d.last_caller_share = sh_l[j]
+            d.last_vad = vad_l[j]
+            ev = d._decide(ev_l[j], cl_l[j], st_l[j], start, start + frame)
+            if ev is not None:
+                events[i].append(ev)
+    return events
 
 
 def detect(

@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
+from gateway.bargein import VadEvent
 from gateway.calls import Call
 from gateway.control import UtteranceFinished, WorkerStopped
 from gateway.localgw import local_gateway
@@ -171,26 +172,37 @@ class GatewayTap:
     frames: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
     decided_wall: dict[str, list[float]] = field(default_factory=dict)
     _orig: Callable[[Call, Int16Array], None] | None = None
+    _orig_vad: Callable[[Call, list[VadEvent]], None] | None = None
 
     def install(self) -> None:
         orig = Call.on_caller_audio
+        orig_vad = Call.on_vad
         self._orig = orig
+        self._orig_vad = orig_vad
         tap = self
 
         def on_caller_audio(call: Call, pcm: Int16Array) -> None:
             pos = call._tick_pos if call._tick_pos is not None else call._near_pos
             tap.frames.setdefault(call.id, []).append((pos, np.asarray(pcm, np.int16).tobytes()))
-            n = len(call.bargeins)
             orig(call, pcm)
+
+        # Decisions come from the detectors' batch (Call.on_vad), a few ms after the frame.
+        def on_vad(call: Call, events: list[VadEvent]) -> None:
+            n = len(call.bargeins)
+            orig_vad(call, events)
             if len(call.bargeins) > n:
                 tap.decided_wall.setdefault(call.id, []).append(time.time())
 
         setattr(Call, "on_caller_audio", on_caller_audio)  # noqa: B010 (class-wide patch)
+        setattr(Call, "on_vad", on_vad)  # noqa: B010
 
     def remove(self) -> None:
         if self._orig is not None:
             setattr(Call, "on_caller_audio", self._orig)  # noqa: B010
             self._orig = None
+        if self._orig_vad is not None:
+            setattr(Call, "on_vad", self._orig_vad)  # noqa: B010
+            self._orig_vad = None
 
     def position_of(self, call_id: str, pcm: Int16Array) -> int | None:
         """Media position at which the gateway got a frame with exactly this PCM."""

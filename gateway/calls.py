@@ -23,7 +23,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gateway.agent import Agent, AgentFactory
-from gateway.bargein import BargeInConfig, BargeInDetector
+from gateway.bargein import (
+    BargeInConfig,
+    BargeInDetector,
+    DetectorBank,
+    VadEvent,
+    run_batch,
+)
 from gateway.bargein import SpeechStarted as VadSpeechStarted
 from gateway.config import BargeinSettings
 from gateway.control import (
@@ -61,6 +67,12 @@ ERR_NO_WORKER = "no_worker"
 # peak below which a caller frame is line noise (about -44 dBFS).
 ECHO_TAIL_S = 0.4
 QUIET_PEAK = 200
+# Caller frames for the barge-in detectors are analysed in batches across calls, at most this
+# long after they arrived: one vectorised step for every call staged meanwhile (numpy's
+# per-call overhead paid once per batch, not once per call and frame).  Shorter than a media
+# tick, so a decision still lands before the call's next frame is pulled: the fade starts on
+# the same packet as if the frame had been analysed at once.
+DETECT_BATCH_S = 0.008
 
 
 class Leg(Protocol):
@@ -90,11 +102,12 @@ class Call:
         # Barge-in: VAD on what the caller sends, compared against what we sent (echo).
         self.detector: BargeInDetector | None = None
         if settings is not None and settings.enabled:
-            self.detector = BargeInDetector(BargeInConfig(
+            self.detector = BargeInDetector(bank=manager.detector_bank(BargeInConfig(
                 aggressiveness=settings.aggressiveness, min_speech_ms=settings.min_speech_ms,
                 hangover_ms=settings.hangover_ms, echo_margin_db=settings.echo_margin_db,
                 rate=rate, frame_ms=settings.frame_ms,
-            ))  # fmt: skip
+            )))  # fmt: skip
+        self._staged = False  # frames staged on the detector, waiting for the batch
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self._far_pos = 0
         self._near_pos = 0
@@ -249,7 +262,8 @@ class Call:
 
     def on_caller_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         """One frame of decoded caller audio per media tick (after that tick's ``pull_audio``).
-        Media-tick hot path: the detector is a few tens of microseconds per frame."""
+        Media-tick hot path: the frame is staged on the detector and analysed with the other
+        calls' frames in the next batch (:meth:`CallManager.flush_detection`)."""
         detector = self.detector
         pos = self._tick_pos if self._tick_pos is not None else self._near_pos
         self._tick_pos = None
@@ -269,8 +283,14 @@ class Call:
             detector.skip_to(pos + len(pcm))
             return
         if far is not None:
-            detector.far_end(far[1], far[0])
-        for ev in detector.near_end(pcm, pos):
+            detector.stage_far(far[1], far[0])
+        detector.stage_near(pcm, pos)
+        self.manager.stage_detection(self)
+
+    def on_vad(self, events: list[VadEvent]) -> None:
+        """The detector's events for this call's frames (from the batch, see
+        :meth:`CallManager.flush_detection`)."""
+        for ev in events:
             if isinstance(ev, VadSpeechStarted):
                 self._speech_onset = ev.onset_sample
                 self._barge_in(ev.onset_sample, ev.decision_sample)
@@ -324,6 +344,8 @@ class Call:
         self._on_playout(self.playout.interrupt())
         self.set_state("ended", reason)
         self.manager.forget(self)
+        if self.detector is not None:
+            self.detector.close()
         self._agent_queue.put_nowait(None)
         if self._sub is not None:
             await self._sub.close()
@@ -448,6 +470,53 @@ class CallManager:
         # ended state), and an utterance's first audio frame played, seconds after say().
         self.on_forget: list[Callable[[Call], None]] = []
         self.on_first_audio: list[Callable[[Call, float], None]] = []
+        # Barge-in detectors: one bank per configuration (rate), calls with staged frames.
+        self._banks: dict[BargeInConfig, DetectorBank] = {}
+        self._staged: list[Call] = []
+        self._flush: asyncio.TimerHandle | None = None
+        self.detect_batch_s = DETECT_BATCH_S
+
+    def detector_bank(self, config: BargeInConfig) -> DetectorBank:
+        bank = self._banks.get(config)
+        if bank is None:
+            bank = self._banks[config] = DetectorBank(config, capacity=32)
+        return bank
+
+    def stage_detection(self, call: Call) -> None:
+        """``call`` has caller frames staged on its detector: analyse them with the next batch
+        (at most ``detect_batch_s`` from now)."""
+        if not call._staged:
+            call._staged = True
+            self._staged.append(call)
+        if self._flush is None:
+            loop = asyncio.get_running_loop()
+            self._flush = loop.call_later(self.detect_batch_s, self.flush_detection)
+
+    def flush_detection(self) -> None:
+        """Run every staged detector, one vectorised batch per bank, and hand each call its
+        events.  One call's failure is logged and does not stop the others."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        staged, self._staged = self._staged, []
+        by_bank: dict[DetectorBank, list[Call]] = {}
+        for call in staged:
+            call._staged = False
+            det = call.detector
+            if det is not None and not det.closed:
+                by_bank.setdefault(det.bank, []).append(call)
+        for calls in by_bank.values():
+            try:
+                results = run_batch([c.detector for c in calls if c.detector is not None])
+            except Exception:
+                log.exception("barge-in batch of %d calls failed", len(calls))
+                continue
+            for call, events in zip(calls, results, strict=True):
+                if events:
+                    try:
+                        call.on_vad(events)
+                    except Exception:
+                        log.exception("barge-in events failed on call %s", call.id)
 
     def full(self) -> bool:
         return len(self.calls) >= self.max_calls

@@ -4,11 +4,14 @@ model, strict JSON (NaN means "no data" and becomes null), table formatting and 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import math
 import platform
 import statistics
+import struct
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +41,36 @@ def percentiles(values: list[float]) -> dict[str, float]:
         "p99": pct(99),
         "mean": statistics.fmean(s),
     }
+
+
+CALIBRATION_ROUNDS = 20_000
+
+
+def calibration_cpu_s(rounds: int = CALIBRATION_ROUNDS, repeats: int = 3) -> float:
+    """CPU-seconds (this process, best of ``repeats``) of a fixed workload shaped like the
+    gateway's per-packet work: bytes slicing and struct packing, a heap, dict lookups and small
+    numpy operations (table look-up, 10-element vector maths).  It imports nothing of voxgate,
+    so a slower product cannot hide behind it: a CPU budget measured on one machine is scaled
+    by this figure's ratio to carry it to another (same run, same interpreter and numpy)."""
+    table = np.arange(256, dtype=np.int16) * 64
+    payload = bytes(range(160))
+    vec = np.linspace(1e-3, 1.0, 10)
+    best = math.inf
+    for _ in range(repeats):
+        heap: list[tuple[float, int]] = []
+        seen: dict[int, float] = {}
+        t0 = time.process_time()
+        acc = 0.0
+        for i in range(rounds):
+            hdr = struct.pack("!BBHII", 0x80, 0, i & 0xFFFF, i * 160, 1234)
+            pcm = table[np.frombuffer(hdr + payload[12:], dtype=np.uint8)]
+            acc += float(np.maximum(vec * (i & 7), 1e-6).sum()) + int(pcm.any())
+            heapq.heappush(heap, (i * 0.02, i))
+            if len(heap) > 64:
+                heapq.heappop(heap)
+            seen[i & 1023] = acc
+        best = min(best, time.process_time() - t0)
+    return best
 
 
 def cpu_model() -> str:

@@ -40,7 +40,7 @@ from gateway.sip.helpers import (
     make_response,
 )
 from gateway.sip.layer import TransactionLayer
-from gateway.sip.message import Address, Request, Response, is_keepalive, parse
+from gateway.sip.message import Address, Request, Response, is_keepalive, parse, partial_request
 from gateway.sip.transaction import SipStateError, State, TimerConfig
 from gateway.sip.uri import AbsoluteUri, SipUri, Uri, parse_uri
 
@@ -52,6 +52,6 @@ __all__ = [
     "TransactionTerminated", "TransactionTimeout", "Transmit", "TransportError", "Uri", "Via",
     "build_authorization", "error_response", "generate_branch", "generate_call_id",
     "generate_tag", "is_keepalive", "make_cancel", "make_dialog_response", "make_response",
-    "no_dialog_response", "parse", "parse_challenges", "parse_uri", "uac_dialog_id",
-    "uas_dialog_id",
+    "no_dialog_response", "parse", "parse_challenges", "parse_uri", "partial_request",
+    "uac_dialog_id", "uas_dialog_id",
 ]  # fmt: skip

@@ -6,11 +6,6 @@ so the layer above can turn any parse failure into a response without guessing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.sip.message import Request, Response
-
 
 class SipParseError(ValueError):
     """Malformed SIP input.
@@ -20,8 +15,9 @@ class SipParseError(ValueError):
     any text). ``message`` is the request or response as far as it could be read (start line
     and raw header fields, unvalidated) so that a 400 can still be built with
     :func:`gateway.sip.helpers.make_response` from its Via/From/To/Call-ID/CSeq; ``None`` when
-    not even the start line could be read. ``framing`` is true when the byte stream lost its
-    message boundaries (bad Content-Length, size limit): a stream transport must then close the
+    not even the start line could be read (:func:`gateway.sip.message.partial_request` gives it
+    back typed when it is a request). ``framing`` is true when the byte stream lost its message
+    boundaries (bad Content-Length, size limit): a stream transport must then close the
     connection (RFC 3261 §18.3; RFC 4475 ncl).
     """
 
@@ -30,7 +26,10 @@ class SipParseError(ValueError):
         reason: str,
         status: int = 400,
         *,
-        message: Request | Response | None = None,
+        # ``object``: this module is the bottom of the syntax layer (syntax, uri, fields and
+        # message all raise this error), so it cannot name Request/Response without importing
+        # gateway.sip.message back; that module narrows the value (``partial_request``).
+        message: object = None,
         framing: bool = False,
     ) -> None:
         super().__init__(reason)
@@ -41,10 +40,3 @@ class SipParseError(ValueError):
 
     def __repr__(self) -> str:
         return f"SipParseError({self.reason!r}, status={self.status})"
-
-    @property
-    def request(self) -> Request | None:
-        """The partially read request, if the bad message was a request."""
-        from gateway.sip.message import Request
-
-        return self.message if isinstance(self.message, Request) else None

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from gateway.sip.errors import SipParseError
 from gateway.sip.fields import MAGIC_COOKIE, NameAddr
 from gateway.sip.headers import Headers
-from gateway.sip.message import Request, Response
+from gateway.sip.message import Request, Response, partial_request
 
 
 def generate_tag() -> str:
@@ -74,7 +74,7 @@ def error_response(error: SipParseError) -> Response | None:
     """The response a UAS should send for a request that failed to parse, or None when there
     is nothing to answer (a response, an ACK — §17.2.1 never answers ACK — or a message whose
     Via/From/To/Call-ID/CSeq are missing, so no response could be routed or matched)."""
-    request = error.request
+    request = partial_request(error)
     if request is None or request.method == "ACK":
         return None
     if not all(name in request.headers for name in ("Via", "From", "To", "Call-ID", "CSeq")):

@@ -34,7 +34,7 @@ from gateway.sip.events import (
 from gateway.sip.fields import MAGIC_COOKIE, Via
 from gateway.sip.headers import Headers
 from gateway.sip.helpers import error_response, generate_branch, make_response
-from gateway.sip.message import Address, Request, Response, is_keepalive, parse
+from gateway.sip.message import Address, Request, Response, is_keepalive, parse, partial_request
 from gateway.sip.syntax import split_top_level
 from gateway.sip.transaction import (
     Input,
@@ -233,7 +233,7 @@ class TransactionLayer:
     def _malformed(self, error: SipParseError, addr: Address, reliable: bool) -> None:
         response = error_response(error)
         if response is not None:
-            request = error.request
+            request = partial_request(error)
             assert request is not None
             try:
                 dest = addr if reliable else response_address(request.top_via, addr)

@@ -225,6 +225,15 @@ def _route(value: str, what: str) -> NameAddr:
 # --- parsing ------------------------------------------------------------------------------
 
 
+def partial_request(error: SipParseError) -> Request | None:
+    """The request ``error`` was raised for, as far as it could be read (start line and raw
+    header fields, see :class:`SipParseError`), or None when the bad message was a response or
+    not even its start line could be read. Here rather than on the error: ``errors`` sits below
+    this module (everything here raises its error) and cannot name ``Request``."""
+    message = error.message
+    return message if isinstance(message, Request) else None
+
+
 def is_keepalive(data: bytes) -> bool:
     """True for a CRLF keep-alive (RFC 5626 §3.5.1) rather than a message."""
     return not data.strip(b"\r\n")

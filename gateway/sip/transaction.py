@@ -4,7 +4,8 @@ Each machine is a transition table keyed by (state, input), h11 style: an input 
 entry for the current state is absorbed (that is what §17 prescribes for every case it does not
 list, e.g. a response retransmission in Completed of a non-INVITE client transaction). The
 actions taken on a transition are in ``_act``. Time is only ever passed in: timers are
-deadlines that the owning :class:`gateway.sip.layer.TransactionLayer` fires.
+deadlines that the owning :class:`gateway.sip.layer.TransactionLayer` fires. The layer creates
+the transactions, so this module only knows it as a :class:`TransactionOwner`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from gateway.sip.events import (
+    Event,
     RequestReceived,
     ResponseReceived,
     TransactionTimeout,
@@ -22,9 +24,6 @@ from gateway.sip.events import (
 )
 from gateway.sip.headers import Headers
 from gateway.sip.message import Address, Request, Response
-
-if TYPE_CHECKING:
-    from gateway.sip.layer import TransactionLayer
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +45,23 @@ class TimerConfig:
     def t64(self) -> float:
         """64*T1: Timers B, F, H, J (unreliable), L and M."""
         return 64 * self.t1
+
+
+class TransactionOwner(Protocol):
+    """What a transaction needs from the layer that runs it (in practice
+    :class:`gateway.sip.layer.TransactionLayer`, which matches this structurally): the timer
+    values, and the three callbacks through which a transaction reports output. A protocol
+    rather than the class itself because the layer imports this module to create transactions;
+    naming it here would import it back."""
+
+    @property
+    def config(self) -> TimerConfig: ...
+
+    def _emit(self, event: Event) -> None: ...
+
+    def _transmit(self, data: bytes, addr: Address, reliable: bool) -> None: ...
+
+    def _terminated(self, txn: Transaction) -> None: ...
 
 
 class SipStateError(RuntimeError):
@@ -102,7 +118,7 @@ class Transaction(abc.ABC):
 
     def __init__(
         self,
-        layer: TransactionLayer,
+        layer: TransactionOwner,
         transaction_id: str,
         request: Request,
         addr: Address,

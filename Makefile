@@ -26,7 +26,7 @@ tools:
 	@deploy/ensure-test-tools.sh
 
 test: $(STAMP) redis tools
-	$(BIN)/ruff check gateway synth dsp tests
+	$(BIN)/ruff check gateway synth dsp voxgate tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 

@@ -1,16 +1,13 @@
-"""Subcommands of the DSP package: ``voxgate dsp telephone`` and ``voxgate bench dsp``."""
+"""Subcommands of the DSP package: ``voxgate dsp telephone`` (``voxgate bench dsp`` is
+:mod:`voxgate.bench.commands`)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
-def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    bench_sub: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("dsp", help="audio DSP tools (telephone shaping)")
     dsp_sub = p.add_subparsers(dest="dsp_command", metavar="TOOL")
     dsp_sub.required = True
@@ -30,12 +27,6 @@ def register(
         "--eq-gain-db", type=float, default=2.0, help="mid-band (1-3 kHz) EQ gain (default 2.0)"
     )
     t.set_defaults(func=cmd_telephone)
-
-    b = bench_sub.add_parser("dsp", help="cost of the telephone chain per 20 ms block")
-    b.add_argument("--json", action="store_true", help="print JSON instead of text")
-    b.add_argument("--iterations", type=int, default=5000, help="timed 20 ms blocks (default 5000)")
-    b.add_argument("--in-rate", type=int, default=22050, help="engine rate (default 22050)")
-    b.set_defaults(func=cmd_bench_dsp)
 
 
 def _error(msg: str) -> int:
@@ -77,18 +68,4 @@ def cmd_telephone(args: argparse.Namespace) -> int:
         f"{args.output}: {y.size} samples at {chain.out_rate} Hz"
         f" from {x.size} at {rate} Hz" + (f", {args.codec} round trip" if args.codec else "")
     )
-    return 0
-
-
-def cmd_bench_dsp(args: argparse.Namespace) -> int:
-    from dsp import bench
-
-    try:
-        report = bench.run(iterations=args.iterations, in_rate=args.in_rate)
-    except ValueError as exc:
-        return _error(str(exc))
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(bench.format_report(report))
     return 0

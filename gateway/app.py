@@ -1,7 +1,7 @@
 """The gateway process: SIP user agent, media ticker, calls with their agents, control API.
 
-``voxgate serve`` runs it with an in-process worker over the in-memory bus (one process holds
-everything); ``voxgate gateway --redis URL`` runs it alone against workers elsewhere.
+``voxgate gateway --redis URL`` runs it alone against workers elsewhere; ``voxgate serve``
+(:mod:`voxgate.serve`) runs it with an in-process worker over the in-memory bus.
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from gateway.api import check_bind_safety, make_app, start_api, stop_api
 from gateway.calls import CallManager
-from gateway.config import Config, parse_hostport
 from gateway.ivr import IvrAgent
 from gateway.metrics import GatewayMetrics
 from gateway.rtp.endpoint import MediaTicker
@@ -23,17 +23,15 @@ from gateway.sip.events import Event as SipEvent
 from gateway.sip_register import Registrar
 from gateway.sip_ua import SipUA, resolve_uri
 from gateway.webrtc.service import WebRtcService
-from synth.app import build_bus, build_engine, build_worker, install_stop_signals
-from synth.worker import Worker
+from voxgate.contract.bus.base import Bus
+from voxgate.contract.config import Config, parse_hostport
+from voxgate.contract.runtime import build_bus, install_stop_signals
 
 log = logging.getLogger("voxgate.gateway")
 
 
 class Gateway:
-    def __init__(self, cfg: Config, bus: object) -> None:
-        from synth.bus.base import Bus
-
-        assert isinstance(bus, Bus)
+    def __init__(self, cfg: Config, bus: Bus) -> None:
         self.cfg = cfg
         self.bus = bus
         ivr = cfg.ivr
@@ -112,34 +110,31 @@ class Gateway:
             await stop_api(self.runner)
         await self.metrics.close()
 
-    def attach_worker(self, worker: Worker) -> None:
-        """An in-process worker (``voxgate serve``): its metrics go on this /metrics too."""
-        from synth.metrics import WorkerMetrics
 
-        self.metrics.add_refresher(WorkerMetrics(worker, registry=self.metrics.registry).refresh)
+# Something run beside the gateway in its process (``voxgate serve``: a worker): started once the
+# bus is up and before the gateway listens; returns the task to await at shutdown.
+Companion = Callable[["Gateway", asyncio.Event], Awaitable["asyncio.Task[None] | None"]]
 
 
-async def run_gateway(cfg: Config, *, embedded_worker: bool) -> int:
+async def run_gateway(cfg: Config, *, companion: Companion | None = None) -> int:
+    """Run a gateway until SIGINT/SIGTERM (and ``companion`` beside it)."""
     stop = asyncio.Event()
     install_stop_signals(stop)
     bus = build_bus(cfg)
     await bus.start()
-    worker_task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None
     gw = Gateway(cfg, bus)
     try:
-        if embedded_worker:
-            engine = await asyncio.to_thread(build_engine, cfg)
-            worker = build_worker(cfg, bus, engine)
-            gw.attach_worker(worker)
-            worker_task = asyncio.create_task(worker.run(stop))
+        if companion is not None:
+            task = await companion(gw, stop)
         await gw.start()
         log.info("gateway ready: SIP %s, HTTP %s", cfg.gateway.sip_listen, cfg.gateway.http_listen)
         await stop.wait()
     finally:
         await gw.close()
         stop.set()
-        if worker_task is not None:
+        if task is not None:
             with contextlib.suppress(Exception):
-                await worker_task
+                await task
         await bus.close()
     return 0

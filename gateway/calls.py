@@ -31,7 +31,6 @@ from gateway.bargein import (
     run_batch,
 )
 from gateway.bargein import SpeechStarted as VadSpeechStarted
-from gateway.config import BargeinSettings
 from gateway.control import (
     BadRequest,
     BargeIn,
@@ -51,10 +50,11 @@ from gateway.control import (
     WorkerStopped,
 )
 from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
-from synth.bus.base import Bus, BusError, Subscription
-from synth.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
-from synth.logs import bind_log_context
-from synth.text.chunker import Chunker
+from voxgate.contract.bus.base import Bus, BusError, Subscription
+from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
+from voxgate.contract.chunker import Chunker
+from voxgate.contract.config import BargeinSettings
+from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.calls")
 

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 
 from gateway.agent import CallHandle
-from gateway.config import IvrConfig
 from gateway.control import CallStateChanged, DtmfReceived, Event, UtteranceFinished
+from voxgate.contract.config import IvrConfig
 
 
 class IvrAgent:

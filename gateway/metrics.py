@@ -29,8 +29,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from gateway.calls import Call, CallManager
 from gateway.control import BargeIn, Event, Leg, UtteranceFinished, WorkerStopped
-from synth.bus.base import Bus, BusError
-from synth.metrics import CONTENT_TYPE, render_registry
+from voxgate.contract.bus.base import Bus, BusError
+from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 
 log = logging.getLogger("voxgate.metrics")
 

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dsp.fades import fade_out_gain
-from synth.bus.schema import AudioChunk, AudioMessage, UtteranceEnd, UtteranceError, Word
+from voxgate.contract.bus.schema import AudioChunk, AudioMessage, UtteranceEnd, UtteranceError, Word
 
 Int16Array = npt.NDArray[np.int16]
 

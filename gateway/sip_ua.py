@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from gateway import sdp
 from gateway.calls import Call, CallManager
-from gateway.config import GatewayConfig, parse_hostport
 from gateway.control import Unavailable
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
 from gateway.sip import (
@@ -50,6 +49,7 @@ from gateway.sip import (
 )
 from gateway.sip.message import Address
 from gateway.sip_transport import SipTransport, local_ip_for
+from voxgate.contract.config import GatewayConfig, parse_hostport
 
 log = logging.getLogger("voxgate.sip")
 

@@ -4,29 +4,20 @@ gateway+worker, and stop cleanly on SIGINT/SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
-from collections.abc import Coroutine
-from typing import Any
 
-from gateway.config import Config
-from synth.bus import make_bus
-from synth.bus.base import Bus
 from synth.engines import load_engine
 from synth.engines.base import Engine
 from synth.worker import Worker
+from voxgate.contract.bus.base import Bus
+from voxgate.contract.config import Config
+from voxgate.contract.runtime import build_bus, install_stop_signals
 
 log = logging.getLogger("voxgate")
 
 
 def build_engine(cfg: Config) -> Engine:
     return load_engine(cfg.synth.engine, cfg.synth.voice, cfg.synth.device, cfg.synth.threads)
-
-
-def build_bus(cfg: Config) -> Bus:
-    b = cfg.bus
-    return make_bus(b.kind, b.redis_url, b.prefix, b.audio_maxlen, b.cancel_ttl_s)
 
 
 def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Worker:
@@ -46,18 +37,11 @@ def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Wor
     )
 
 
-def install_stop_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-
-
 async def run_worker(cfg: Config) -> int:
     """Run one worker on the configured bus until SIGINT/SIGTERM.
 
     ``voxgate worker`` runs it against a shared Redis (``voxgate serve`` runs a worker inside
-    the gateway process instead: ``gateway.app.run_gateway``).
+    the gateway process instead: :mod:`voxgate.serve`).
     """
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -78,10 +62,3 @@ async def run_worker(cfg: Config) -> int:
         await http.close()
         await bus.close()
     return 0
-
-
-def run(main: Coroutine[Any, Any, int]) -> int:
-    """Run ``main`` on uvloop (the event loop of every voxgate process)."""
-    import uvloop
-
-    return uvloop.run(main)

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from synth.bus.schema import Word
+from voxgate.contract.bus.schema import Word
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,16 @@
-"""Subcommands of the synthesis side: normalize, synth, worker, serve, bench synth."""
+"""Subcommands of the synthesis side: normalize, synth, worker (``bench synth`` is
+:mod:`voxgate.bench.commands`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import wave
-from typing import TypeAlias
 
-from gateway.config import Config, add_config_arguments, load_from_args
-
-SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+from voxgate.contract.config import Config, SubParsers, add_config_arguments, load_from_args
 
 
-def register(sub: SubParsers, bench_sub: SubParsers) -> None:
+def register(sub: SubParsers) -> None:
     from synth.text.cli import register as register_text
 
     register_text(sub)
@@ -31,19 +29,9 @@ def register(sub: SubParsers, bench_sub: SubParsers) -> None:
     add_config_arguments(p)
     p.set_defaults(func=cmd_worker)
 
-    p = bench_sub.add_parser(
-        "synth", help="TTFA streaming vs baseline, RTF, TTFA under concurrency"
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
-    p.add_argument("--levels", default="1,2,4,8", help="concurrency levels (default 1,2,4,8)")
-    p.add_argument("--profile", choices=("narrowband", "wideband"), default="narrowband")
-    add_config_arguments(p)
-    p.set_defaults(func=cmd_bench_synth)
-
 
 def _setup(args: argparse.Namespace) -> Config:
-    from synth.logs import setup_logging
+    from voxgate.contract.logs import setup_logging
 
     cfg = load_from_args(args)
     setup_logging(cfg.log.level, cfg.log.format)
@@ -82,25 +70,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from synth.app import run, run_worker
+    from synth.app import run_worker
+    from voxgate.contract.runtime import run
 
     cfg = _setup(args)
     cfg.bus.kind = "redis"
     cfg.validate()
     return run(run_worker(cfg))
-
-
-def cmd_bench_synth(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from synth.app import build_engine
-    from synth.bench import bench_synth, format_report, main_json
-
-    cfg = _setup(args)
-    levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
-    engine = build_engine(cfg)
-    result = asyncio.run(
-        bench_synth(engine, repeats=args.repeats, levels=levels, profile=args.profile)
-    )
-    print(main_json(result) if args.json else format_report(result))
-    return 0

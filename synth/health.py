@@ -16,10 +16,11 @@ import logging
 
 from aiohttp import web
 
-from gateway.config import parse_hostport
-from synth.bus.base import Bus
-from synth.metrics import CONTENT_TYPE, WorkerMetrics
+from synth.metrics import WorkerMetrics
 from synth.worker import Worker
+from voxgate.contract.bus.base import Bus
+from voxgate.contract.config import parse_hostport
+from voxgate.contract.metrics import CONTENT_TYPE
 
 log = logging.getLogger("voxgate.worker.http")
 

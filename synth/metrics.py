@@ -15,11 +15,11 @@ import asyncio
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from synth.bus.base import BusError
-from synth.bus.schema import (
+from synth.worker import UtteranceStats, Worker
+from voxgate.contract.bus.base import BusError
+from voxgate.contract.bus.schema import (
     ERR_BAD_REQUEST,
     ERR_DEADLINE,
     ERR_EMPTY_TEXT,
@@ -27,10 +27,9 @@ from synth.bus.schema import (
     ERR_TEXT_TOO_LONG,
     ERR_UNKNOWN_VOICE,
 )
-from synth.worker import UtteranceStats, Worker
+from voxgate.contract.metrics import render_registry
 
 # Text exposition format 0.0.4: what every Prometheus version scrapes.
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 UTTERANCE_OUTCOMES = ("done", "cancelled", "error")
 # Error codes always exported (0 until they happen); "bus": the bus failed mid-request.
 ERROR_CODES = (
@@ -151,19 +150,3 @@ class _WorkerCollector:
         return [Metric(name, "", typ) for name, typ in names]
 
 
-class _WithoutCreated:
-    """A registry minus the ``*_created`` series prometheus-client adds to counters and
-    histograms (OpenMetrics-only; noise in the text format)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterable[Metric]:
-        for metric in self._registry.collect():
-            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            yield metric
-
-
-def render_registry(registry: CollectorRegistry) -> bytes:
-    """The text exposition of ``registry`` (without ``*_created`` series)."""
-    return generate_latest(_WithoutCreated(registry))  # type: ignore[arg-type]

@@ -17,10 +17,10 @@ import numpy as np
 from dsp.pcm import float_to_s16le_bytes
 from dsp.telephone import TelephoneChain
 from dsp.wideband import WidebandChain
-from synth.bus.schema import Profile, Word
 from synth.engines.base import Engine, EngineChunk, FloatArray, WordMark
-from synth.text.chunker import chunk_text
 from synth.text.normalize import normalize
+from voxgate.contract.bus.schema import Profile, Word
+from voxgate.contract.chunker import chunk_text
 
 NARROWBAND_RATE = 8000
 
@@ -69,7 +69,7 @@ _UNSPEAKABLE.update(
 
 def prepare_text(text: str, *, raw: bool, max_chars: int) -> list[str]:
     """Validate, normalize and chunk request text; raise RenderError with a stable code."""
-    from synth.bus.schema import ERR_EMPTY_TEXT, ERR_TEXT_TOO_LONG
+    from voxgate.contract.bus.schema import ERR_EMPTY_TEXT, ERR_TEXT_TOO_LONG
 
     if len(text) > max_chars:
         raise RenderError(

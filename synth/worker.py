@@ -20,8 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from synth.bus.base import Bus, BusError, Delivery
-from synth.bus.schema import (
+from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
+from synth.engines.base import Engine
+from synth.render import Renderer, RenderError, prepare_text
+from synth.scheduler import PriorityExecutor
+from voxgate.contract.bus.base import Bus, BusError, Delivery
+from voxgate.contract.bus.schema import (
     ERR_BAD_REQUEST,
     ERR_DEADLINE,
     ERR_ENGINE,
@@ -31,11 +35,7 @@ from synth.bus.schema import (
     UtteranceEnd,
     UtteranceError,
 )
-from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
-from synth.engines.base import Engine
-from synth.logs import bind_log_context
-from synth.render import Renderer, RenderError, prepare_text
-from synth.scheduler import PriorityExecutor
+from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.worker")
 

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from synth.bus import make_bus
-from synth.bus.base import Bus
+from voxgate.contract.bus import make_bus
+from voxgate.contract.bus.base import Bus
 
 REDIS_URL = os.environ.get("VOXGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 

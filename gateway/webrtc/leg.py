@@ -48,9 +48,9 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpsender import RTCRtpSender
 
 from gateway.calls import DTMF_KEYS, Call
-from gateway.config import WebrtcConfig
 from gateway.control import Event, event_json
 from gateway.webrtc.opus import MonoOpusEncoder
+from voxgate.contract.config import WebrtcConfig
 
 log = logging.getLogger("voxgate.webrtc")
 

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from gateway.api import HttpError, json_object
 from gateway.calls import CallManager
-from gateway.config import WebrtcConfig
 from gateway.control import BadRequest
 from gateway.webrtc.leg import WebRtcLeg
 from gateway.webrtc.offer import OfferError, check_offer
+from voxgate.contract.config import WebrtcConfig
 
 log = logging.getLogger("voxgate.webrtc")
 

@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so "voxgate --help" stays fast.
-    from synth.text.chunker import chunk_text
     from synth.text.normalize import normalize
+    from voxgate.contract.chunker import chunk_text
 
     text = sys.stdin.read() if args.text == "-" else args.text
     spoken = normalize(text)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from synth.text.acronyms import spell
-from synth.text.numbers import ONES, cardinal, ordinal, year
+from synth.text.numbers import cardinal, ordinal, year
+from voxgate.contract.words import ONES
 
 MONTHS: tuple[str, ...] = (
     "January", "February", "March", "April", "May", "June", "July", "August", "September",

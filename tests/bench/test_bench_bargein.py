@@ -27,7 +27,7 @@ def _pct(d: dict[str, Any], n: int | None = None) -> None:
 @pytest.mark.timeout(120)
 def test_bench_bargein_quick_json() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "bargein", "--quick", "--json"],
+        [sys.executable, "-m", "voxgate.cli", "bench", "bargein", "--quick", "--json"],
         capture_output=True,
         text=True,
         timeout=110,

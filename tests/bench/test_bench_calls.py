@@ -19,14 +19,14 @@ pytestmark = [
 
 def _command() -> list[str]:
     """``voxgate bench calls`` once the command is registered, else the module entry point."""
-    from gateway.cli import build_parser
+    from voxgate.cli import build_parser
 
     parser = build_parser()
     try:
         parser.parse_args(["bench", "calls", "--quick"])
     except SystemExit:
-        return [sys.executable, "-m", "gateway.bench_commands"]
-    return [sys.executable, "-m", "gateway.cli", "bench", "calls"]
+        return [sys.executable, "-m", "voxgate.bench.commands"]
+    return [sys.executable, "-m", "voxgate.cli", "bench", "calls"]
 
 
 def _pct(d: dict[str, Any]) -> None:

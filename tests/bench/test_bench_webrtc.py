@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_bench_webrtc_quick_json() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "bench", "webrtc", "--quick", "--json"],
+        [sys.executable, "-m", "voxgate.cli", "bench", "webrtc", "--quick", "--json"],
         capture_output=True, text=True, timeout=170,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]

@@ -28,7 +28,7 @@ BUDGET = Path(__file__).with_name("cpu_budget.toml")
 def test_event_loop_cpu_per_call_within_budget() -> None:
     spec = tomllib.loads(BUDGET.read_text())
     argv = [
-        sys.executable, "-m", "gateway.cli", "bench", "calls", "--json",
+        sys.executable, "-m", "voxgate.cli", "bench", "calls", "--json",
         "--calls", str(spec["calls"]), "--rate", str(spec["rate"]),
         "--duration", str(spec["duration"]), "--latency-calls", "1", "--idle", "1",
     ]  # fmt: skip

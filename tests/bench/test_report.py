@@ -12,7 +12,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gateway import bench_report
-from gateway.cli import main
 from tests.fakes import ToneEngine
+from voxgate.bench import report as bench_report
+from voxgate.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ALL_FIGURES = {
@@ -38,7 +37,7 @@ ALL_FIGURES = {
 
 # --- stand-ins --------------------------------------------------------------------------------
 def _pct(values: list[float]) -> dict[str, Any]:
-    from synth.benchutil import percentiles
+    from voxgate.bench.util import percentiles
 
     return percentiles(values)
 
@@ -106,7 +105,7 @@ def fake_calls_result(n: int) -> dict[str, Any]:
 
 
 def fake_bargein_result(opts: Any) -> dict[str, Any]:
-    from gateway.bench_bargein import conditions, report
+    from voxgate.bench.bargein import conditions, report
 
     rng = np.random.default_rng(3)
     trials = []
@@ -138,41 +137,29 @@ def fake_bargein_result(opts: Any) -> dict[str, Any]:
     return report(conditions(opts), trials, echo)
 
 
-class FakeWebrtcOptions:
-    def __init__(self, quick: bool = False) -> None:
-        self.quick = quick
-
-
-def fake_webrtc_module(seen: list[Any]) -> types.ModuleType:
-    mod = types.ModuleType("gateway.bench_webrtc")
-
-    def run_bench(opts: FakeWebrtcOptions) -> dict[str, Any]:
-        seen.append(opts)
-        vals = [120.0 + 7 * i for i in range(12)]
-        return {
-            "conditions": {
-                "cpu": "Test CPU",
-                "cores": 2,
-                "loadavg_1m_at_start": 0.4,
-                "python": "3.11",
-                "quick": opts.quick,
-            },
-            "connect_to_first_audio_ms": _pct(vals),
-            "samples": {"connect_to_first_audio_ms": vals},
-            "met": {"connect_to_first_audio_p95": True},
-        }
-
-    mod.run_bench = run_bench  # type: ignore[attr-defined]
-    mod.BenchOptions = FakeWebrtcOptions  # type: ignore[attr-defined]
-    return mod
+def fake_webrtc_result(opts: Any) -> dict[str, Any]:
+    vals = [120.0 + 7 * i for i in range(12)]
+    return {
+        "conditions": {
+            "cpu": "Test CPU",
+            "cores": 2,
+            "loadavg_1m_at_start": 0.4,
+            "python": "3.11",
+            "quick": opts.quick,
+        },
+        "connect_to_first_audio_ms": _pct(vals),
+        "samples": {"connect_to_first_audio_ms": vals},
+        "met": {"connect_to_first_audio_p95": True},
+    }
 
 
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """The tone engine for synth/spectrogram/response; stand-ins for calls, bargein, webrtc."""
-    import gateway.bench_bargein
-    import gateway.bench_calls
     import synth.app
+    import voxgate.bench.bargein
+    import voxgate.bench.calls
+    import voxgate.bench.webrtc
 
     seen: dict[str, list[Any]] = {"calls": [], "bargein": [], "webrtc": []}
     monkeypatch.setattr(synth.app, "build_engine", lambda cfg: ToneEngine())
@@ -185,9 +172,13 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
         seen["bargein"].append(opts)
         return fake_bargein_result(opts)
 
-    monkeypatch.setattr(gateway.bench_calls, "run_bench", calls)
-    monkeypatch.setattr(gateway.bench_bargein, "run_bench", bargein)
-    monkeypatch.setitem(sys.modules, "gateway.bench_webrtc", fake_webrtc_module(seen["webrtc"]))
+    monkeypatch.setattr(voxgate.bench.calls, "run_bench", calls)
+    monkeypatch.setattr(voxgate.bench.bargein, "run_bench", bargein)
+    def webrtc(opts: Any) -> dict[str, Any]:
+        seen["webrtc"].append(opts)
+        return fake_webrtc_result(opts)
+
+    monkeypatch.setattr(voxgate.bench.webrtc, "run_bench", webrtc)
     return seen
 
 
@@ -312,9 +303,9 @@ def test_failing_stage_is_reported_and_the_others_run(
     def boom(opts: Any) -> dict[str, Any]:
         raise RuntimeError("sipp not found; boom from the test")
 
-    import gateway.bench_calls
+    import voxgate.bench.calls
 
-    monkeypatch.setattr(gateway.bench_calls, "run_bench", boom)
+    monkeypatch.setattr(voxgate.bench.calls, "run_bench", boom)
     rc, md, doc = run_cli(tmp_path, "--skip", "synth")
     assert rc == 1
     assert "**FAILED**" in md and "sipp not found; boom from the test" in md
@@ -333,23 +324,10 @@ def test_failing_stage_is_reported_and_the_others_run(
         assert_valid_png(tmp_path / "report" / name)
 
 
-def test_webrtc_not_available_is_not_a_failure(
-    tmp_path: Path, stubbed: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "gateway.bench_webrtc", None)  # import fails
-    rc, md, doc = run_cli(tmp_path, "--skip", "synth,calls", "--skip", "bargein,spectrogram")
-    assert rc == 0
-    assert doc is not None
-    assert doc["stages"]["webrtc"]["status"] == "not available"
-    assert "Not available: gateway/bench_webrtc.py is not there yet" in md
-    assert doc["stages"]["response"]["status"] == "ok"
-    assert referenced_pngs(md) == ["freq_response.png"]
-
-
 def test_bargein_without_samples_falls_back(
     tmp_path: Path, stubbed: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.bench_bargein
+    import voxgate.bench.bargein
 
     def only_percentiles(opts: Any) -> dict[str, Any]:
         r = fake_bargein_result(opts)
@@ -357,7 +335,7 @@ def test_bargein_without_samples_falls_back(
         r["per_trial"] = []
         return r
 
-    monkeypatch.setattr(gateway.bench_bargein, "run_bench", only_percentiles)
+    monkeypatch.setattr(voxgate.bench.bargein, "run_bench", only_percentiles)
     skip = "synth,calls,webrtc,response,spectrogram"
     rc, md, _ = run_cli(tmp_path, "--skip", skip)
     assert rc == 0
@@ -401,7 +379,7 @@ def test_progress_bar_on_a_tty_plain_lines_otherwise() -> None:
 
 
 def test_calls_samples_are_capped_and_the_histogram_kept() -> None:
-    from gateway.bench_calls import SAMPLES_CAP, decimate, hist_delta
+    from voxgate.bench.calls import SAMPLES_CAP, decimate, hist_delta
 
     vals = list(np.random.default_rng(1).exponential(1.0, 3 * SAMPLES_CAP))
     d = decimate(vals)
@@ -424,7 +402,7 @@ def test_cli_end_to_end_real_engine(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "voxgate.cli",
             "bench",
             "all",
             "--quick",

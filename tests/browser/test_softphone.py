@@ -12,11 +12,11 @@ import pytest
 
 from dsp.wideband import wideband
 from gateway.control import DtmfReceived, UtteranceStarted
-from gateway.localgw import local_gateway
 from synth.engines import load_engine
 from synth.engines.base import Engine
 from tests.browser.cdp import chromium, chromium_path
 from tests.waiting import wait_for
+from voxgate.bench.localgw import local_gateway
 
 pytestmark = [
     pytest.mark.slow,

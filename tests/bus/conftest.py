@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 import pytest
 from redis.asyncio import Redis
 
-from synth.bus import Bus, MemoryBus, RedisBus, SpeakRequest
+from voxgate.contract.bus import Bus, MemoryBus, RedisBus, SpeakRequest
 
 REDIS_URL = os.environ.get("VOXGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

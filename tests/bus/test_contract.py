@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from synth.bus import AudioChunk, Bus, SchemaError, UtteranceEnd, UtteranceError
-from synth.bus.schema import AudioMessage, Word
 from tests.bus.conftest import BusFactory, inject_request, speak
+from voxgate.contract.bus import AudioChunk, Bus, SchemaError, UtteranceEnd, UtteranceError
+from voxgate.contract.bus.schema import AudioMessage, Word
 
 
 def chunk(call: str, seq: int, data: bytes = b"\x01\x00\x02\x00", utt: str = "u1") -> AudioChunk:
@@ -19,7 +19,7 @@ def chunk(call: str, seq: int, data: bytes = b"\x01\x00\x02\x00", utt: str = "u1
 
 
 async def collect(sub: object, n: int, timeout: float = 5.0) -> list[AudioMessage]:
-    from synth.bus import Subscription
+    from voxgate.contract.bus import Subscription
 
     assert isinstance(sub, Subscription)
     out: list[AudioMessage] = []

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from synth.bus import AudioChunk, BusError, MemoryBus, RedisBus, make_bus
-from synth.bus.schema import AudioMessage, audio_to_fields
 from tests.bus.conftest import REDIS_URL, speak
 from tests.bus.test_contract import chunk, collect
+from voxgate.contract.bus import AudioChunk, BusError, MemoryBus, RedisBus, make_bus
+from voxgate.contract.bus.schema import AudioMessage, audio_to_fields
 
 pytestmark = pytest.mark.redis
 
@@ -183,7 +183,7 @@ async def test_malformed_audio_entries_are_skipped(
         {**good, "words": b"{not json"},
         {b"x": b"\xff"},  # type: ignore[dict-item]
     ]
-    with caplog.at_level(logging.WARNING, logger="synth.bus"):
+    with caplog.at_level(logging.WARNING, logger="voxgate.contract.bus"):
         for fields in junk:
             await raw_redis.xadd(key, fields)  # type: ignore[arg-type]
         await raw_redis.xadd(key, {"oops": "1"})

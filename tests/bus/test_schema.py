@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from synth.bus.schema import (
+from voxgate.contract.bus.schema import (
     VERSION,
     AudioChunk,
     SchemaError,

@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli
-from gateway.config import ConfigError, add_config_arguments, all_keys, load, load_from_args
+from voxgate import cli
+from voxgate.contract.config import (
+    ConfigError,
+    add_config_arguments,
+    all_keys,
+    load,
+    load_from_args,
+)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "voxgate.toml.sample"
 

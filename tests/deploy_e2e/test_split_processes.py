@@ -49,7 +49,7 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def voxgate(*args: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     return subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=ROOT, env=env,
+        [sys.executable, "-m", "voxgate.cli", *args], cwd=ROOT, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
 
@@ -114,7 +114,7 @@ async def test_browser_call_through_separate_gateway_and_worker(
     procs: list[subprocess.Popen[bytes]],
 ) -> None:
     """A WebRTC call whose wideband audio is synthesised by a worker in another process."""
-    from gateway.webrtc.client import WebRtcClient
+    from voxgate.bench.webrtc_client import WebRtcClient
 
     prefix = f"vgsplit-{uuid.uuid4().hex[:8]}"
     http_port = free_port(socket.SOCK_STREAM)

@@ -2,9 +2,10 @@
 
 Docker, kubectl and systemd do not run here, so each file is read the way its tool would read
 it (YAML documents, Dockerfile instructions, unit-file sections) and checked against the real
-program: VOXGATE_* names against the config loader's keys (``gateway.config.all_keys``),
-subcommands and flags against the CLI parser (``gateway.cli.build_parser``), settings by loading
-each deployment's effective configuration with ``gateway.config.load_from_args``, ports against
+program: VOXGATE_* names against the config loader's keys (``voxgate.contract.config.all_keys``),
+subcommands and flags against the CLI parser (``voxgate.cli.build_parser``), settings by loading
+each deployment's effective configuration with
+``voxgate.contract.config.load_from_args``, ports against
 that configuration, and the KEDA stream against ``RedisBus``'s own key names. Each checker
 returns a list of problems; the tests at the bottom also feed them broken input to show they
 catch it.
@@ -30,10 +31,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import config as vc
 from gateway.auth import check_bind_safety
-from gateway.cli import build_parser
-from synth.bus.redis_bus import GROUP, RedisBus
+from voxgate.cli import build_parser
+from voxgate.contract import config as vc
+from voxgate.contract.bus.redis_bus import GROUP, RedisBus
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -177,8 +178,8 @@ def worker_http_port(cfg: vc.Config, where: str) -> int:
     listen = getattr(cfg.worker, "http_listen", None)
     if listen is None:
         raise CheckError(
-            f"{where}: gateway.config has no worker.http_listen (the worker's HTTP listener for "
-            "/healthz, /readyz, /metrics), which the deployment files rely on"
+            f"{where}: voxgate.contract.config has no worker.http_listen (the worker's HTTP "
+            "listener for /healthz, /readyz, /metrics), which the deployment files rely on"
         )
     if not listen:
         raise CheckError(f"{where}: worker.http_listen is empty (no listener), yet it is probed")
@@ -1462,7 +1463,7 @@ def test_dockerignore_keeps_what_the_images_copy() -> None:
                 words = [w for w in ins.args.split() if not w.startswith("--")]
                 if "--from=" not in ins.args:
                     copied |= {w.rstrip("/") for w in words[:-1]}
-    assert copied >= {"pyproject.toml", "README.md", "gateway", "synth", "dsp"}
+    assert copied >= {"pyproject.toml", "README.md", "gateway", "synth", "dsp", "voxgate"}
     for src in copied:
         assert (ROOT / src).exists(), src
         assert not dockerignore_excludes(patterns, src), src

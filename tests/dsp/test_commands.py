@@ -1,4 +1,3 @@
-import argparse
 import json
 import wave
 from pathlib import Path
@@ -7,20 +6,13 @@ import numpy as np
 import pytest
 import scipy.io.wavfile
 
-import dsp.commands
 from tests.dsp.helpers import tone
+from voxgate.cli import main
 
 
 def run_cli(argv: list[str]) -> int:
-    """Parse like ``gateway.cli`` does (``sub`` + ``bench`` subparsers) and dispatch."""
-    parser = argparse.ArgumentParser(prog="voxgate")
-    sub = parser.add_subparsers(dest="command")
-    bench = sub.add_parser("bench")
-    bench_sub = bench.add_subparsers(dest="bench")
-    bench_sub.required = True
-    dsp.commands.register(sub, bench_sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    """Through the real ``voxgate`` command line."""
+    return main(argv)
 
 
 def read_wav(path: Path) -> tuple[int, int, int, np.ndarray]:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from gateway.calls import Call, CallManager
-from gateway.config import IvrConfig
 from gateway.control import (
     BadRequest,
     CallStateChanged,
@@ -23,9 +22,10 @@ from gateway.control import (
     UtteranceStarted,
 )
 from gateway.ivr import IvrAgent
-from synth.bus.base import Bus
 from synth.worker import Worker
 from tests.fakes import ToneEngine
+from voxgate.contract.bus.base import Bus
+from voxgate.contract.config import IvrConfig
 
 
 class FakeLeg:

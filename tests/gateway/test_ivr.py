@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from gateway.config import IvrConfig
 from gateway.control import CallInfo, DtmfReceived, UtteranceFinished
 from gateway.ivr import IvrAgent
+from voxgate.contract.config import IvrConfig
 
 
 class RecordingCall:

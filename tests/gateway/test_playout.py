@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gateway.playout import Playout, PlayoutFinished, PlayoutStarted
-from synth.bus.schema import AudioChunk, UtteranceEnd, UtteranceError, Word
+from voxgate.contract.bus.schema import AudioChunk, UtteranceEnd, UtteranceError, Word
 
 
 def chunk(

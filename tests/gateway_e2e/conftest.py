@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from gateway.app import Gateway
-from gateway.localgw import local_gateway
 from gateway.sip.message import Address
 from synth.engines import load_engine
 from synth.engines.base import Engine
+from voxgate.bench.localgw import local_gateway
 
 
 @dataclass

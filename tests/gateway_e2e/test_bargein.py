@@ -14,9 +14,9 @@ from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
 from gateway.calls import Call
 from gateway.control import UtteranceFinished
-from gateway.testclient import RtpPeer, SipClient, rms
 from synth.engines.base import Engine
 from tests.gateway_e2e.conftest import LiveGateway
+from voxgate.bench.sipclient import RtpPeer, SipClient, rms
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 from gateway import sdp
 from gateway.calls import Call
 from gateway.control import Event, UtteranceFinished, UtteranceStarted
-from gateway.testclient import ClientCall, RtpPeer, SipClient, frame_rms, rms
 from tests.gateway_e2e.conftest import LiveGateway
+from voxgate.bench.sipclient import ClientCall, RtpPeer, SipClient, frame_rms, rms
 
 pytestmark = pytest.mark.slow
 
@@ -201,7 +201,9 @@ async def test_dtmf_interrupts_greeting_with_a_fade(live_gateway: LiveGateway) -
         assert len(x) - z >= 80, "the cut is not followed by silence"
         before = np.abs(x[max(0, z - 80 - 160) : z - 80])  # the 20 ms before the 10 ms fade
         prev_amp = float(before.max())
-        assert prev_amp > 1000, "too quiet before the cut to judge the fade"
+        # The press can land on a soft syllable (seen: 684): the checks below are relative to
+        # this amplitude, so it only has to be well above the line's quiet level.
+        assert prev_amp > 400, "too quiet before the cut to judge the fade"
         # No hard cut: the last 1.25 ms before silence is below a quarter of the amplitude
         # before the fade (a cosine fade ends near 0; a hard cut ends mid-waveform), and no
         # sample-to-sample step at the cut exceeds half of it.

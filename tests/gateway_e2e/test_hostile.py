@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gateway.sip import parse
-from gateway.testclient import SipClient
 from tests.gateway_e2e.conftest import LiveGateway
+from voxgate.bench.sipclient import SipClient
 
 pytestmark = pytest.mark.slow
 

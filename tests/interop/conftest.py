@@ -155,7 +155,7 @@ def start_gateway(workdir: Path, *extra: str) -> GatewayProc:
     rtp = port_block(RTP_PORTS)  # RTP + RTCP: two ports a call
     log_path = workdir / f"voxgate-{sip_port}.log"
     args = [
-        sys.executable, "-m", "gateway.cli", "serve",
+        sys.executable, "-m", "voxgate.cli", "serve",
         "--sip-listen", f"127.0.0.1:{sip_port}", "--http-listen", f"127.0.0.1:{http_port}",
         "--gateway-rtp-port-min", str(rtp[0]), "--gateway-rtp-port-max", str(rtp[1]),
         "--log-level", "debug", *extra,

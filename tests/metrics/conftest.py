@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import Gateway
-from gateway.localgw import local_gateway
 from gateway.sip.message import Address
-from synth.bus.memory import MemoryBus
 from synth.worker import Worker
 from tests.fakes import ToneEngine
+from voxgate.bench.localgw import local_gateway
+from voxgate.contract.bus.memory import MemoryBus
 
 TOKEN = "metrics-test-token"
 

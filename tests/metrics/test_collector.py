@@ -10,8 +10,8 @@ import pytest
 from gateway.calls import CallManager
 from gateway.control import BargeIn, UtteranceFinished, WorkerStopped
 from gateway.metrics import CALL_OUTCOMES, GatewayMetrics, call_outcome
-from synth.bus.memory import MemoryBus
 from tests.metrics.conftest import Scrape, parse_scrape
+from voxgate.contract.bus.memory import MemoryBus
 
 
 class FakeLeg:

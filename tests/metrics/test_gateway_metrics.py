@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import aiohttp
 
-from gateway.testclient import SipClient
 from tests.metrics.conftest import TOKEN, MetricsGateway, Scrape, scrape
+from voxgate.bench.sipclient import SipClient
 
 SPEECH_RMS = 300.0
 
@@ -97,7 +97,7 @@ async def test_a_call_moves_the_metrics(metrics_gateway: MetricsGateway) -> None
 
 
 async def test_a_browser_call_moves_the_metrics(metrics_gateway: MetricsGateway) -> None:
-    from gateway.webrtc.client import WebRtcClient
+    from voxgate.bench.webrtc_client import WebRtcClient
 
     url = f"{metrics_gateway.http}/metrics"
     client = WebRtcClient(metrics_gateway.http, token=TOKEN)

@@ -13,10 +13,10 @@ import pytest
 from gateway.agent import CallHandle
 from gateway.calls import CallManager
 from gateway.control import Event
-from gateway.testclient import SipClient
-from synth.bus.memory import MemoryBus
-from synth.logs import JsonFormatter, log_context
 from tests.metrics.conftest import MetricsGateway
+from voxgate.bench.sipclient import SipClient
+from voxgate.contract.bus.memory import MemoryBus
+from voxgate.contract.logs import JsonFormatter, log_context
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 
 import synth.app
-from gateway.config import ConfigError, load
-from gateway.localgw import free_port
-from synth.bus.memory import MemoryBus
-from synth.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from synth.health import WorkerHttp
 from synth.worker import Worker
 from tests.fakes import ToneEngine
 from tests.metrics.conftest import scrape
+from voxgate.bench.localgw import free_port
+from voxgate.contract.bus.memory import MemoryBus
+from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
+from voxgate.contract.config import ConfigError, load
 
 
 async def get_json(url: str) -> tuple[int, Any]:

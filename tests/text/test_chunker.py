@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from synth.text.chunker import Chunker, chunk_text
 from synth.text.normalize import normalize
+from voxgate.contract.chunker import Chunker, chunk_text
 
 # --- rules -----------------------------------------------------------------------------------
 

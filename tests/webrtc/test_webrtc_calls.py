@@ -13,10 +13,10 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from dsp.wideband import wideband
 from gateway.control import BargeIn, DtmfReceived, UtteranceStarted
-from gateway.localgw import local_gateway
-from gateway.webrtc.client import WebRtcClient
 from synth.engines.base import Engine
 from tests.waiting import wait_for
+from voxgate.bench.localgw import local_gateway
+from voxgate.bench.webrtc_client import WebRtcClient
 
 pytestmark = pytest.mark.slow
 

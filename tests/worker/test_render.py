@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from synth.bus.schema import ERR_EMPTY_TEXT, ERR_TEXT_TOO_LONG
 from synth.engines.onnx_engine import OnnxEngine
 from synth.render import Renderer, RenderError, prepare_text
+from voxgate.contract.bus.schema import ERR_EMPTY_TEXT, ERR_TEXT_TOO_LONG
 
 
 def test_control_and_format_characters_are_dropped() -> None:

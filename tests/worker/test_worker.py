@@ -15,8 +15,10 @@ from contextlib import asynccontextmanager
 import numpy as np
 import pytest
 
-from synth.bus.base import Bus
-from synth.bus.schema import (
+from synth.worker import UtteranceStats, Worker
+from tests.fakes import ToneEngine
+from voxgate.contract.bus.base import Bus
+from voxgate.contract.bus.schema import (
     ERR_BAD_REQUEST,
     ERR_DEADLINE,
     ERR_EMPTY_TEXT,
@@ -29,8 +31,6 @@ from synth.bus.schema import (
     UtteranceEnd,
     UtteranceError,
 )
-from synth.worker import UtteranceStats, Worker
-from tests.fakes import ToneEngine
 
 
 @asynccontextmanager

@@ -20,9 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from synth.bus.redis_bus import RedisBus
-from synth.bus.schema import AudioChunk, AudioMessage, SpeakRequest, UtteranceEnd, UtteranceError
 from tests.conftest import REDIS_URL
+from voxgate.contract.bus.redis_bus import RedisBus
+from voxgate.contract.bus.schema import (
+    AudioChunk,
+    AudioMessage,
+    SpeakRequest,
+    UtteranceEnd,
+    UtteranceError,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -56,7 +62,7 @@ class Workers:
 
     def start(self, name: str, claim_idle_ms: int = 1000) -> subprocess.Popen[bytes]:
         cmd = [
-            sys.executable, "-m", "gateway.cli", "worker", "--redis", REDIS_URL,
+            sys.executable, "-m", "voxgate.cli", "worker", "--redis", REDIS_URL,
             "--bus-prefix", self.prefix, "--worker-name", name,
             "--worker-claim-idle-ms", str(claim_idle_ms), "--concurrency", "2",
         ]  # fmt: skip
@@ -193,7 +199,7 @@ async def test_bad_requests_do_not_disturb_other_calls(bus: RedisBus, workers: W
 def test_serve_starts_ready_and_stops_on_sigterm() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--sip-listen", "127.0.0.1:0",
+        [sys.executable, "-m", "voxgate.cli", "serve", "--sip-listen", "127.0.0.1:0",
          "--http-listen", "127.0.0.1:0"], cwd=ROOT, env=env,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -18,7 +18,10 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
+
+# The subcommand registry every package adds its commands to (argparse's private type).
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 ENV_PREFIX = "VOXGATE_"
 DEFAULT_CONFIG_NAME = "voxgate.toml"

@@ -1,8 +1,9 @@
 """The ``voxgate`` console script: one entry point, subcommands registered by each package.
 
-Each package exposes ``commands.register(sub, bench_sub)`` which adds its subcommands and sets
-``func(args) -> int`` on them. Imports stay lazy inside the handlers so ``voxgate --help`` is fast
-and a gateway-only install never imports the engines.
+Each package exposes ``commands.register(sub)`` which adds its subcommands and sets
+``func(args) -> int`` on them; ``voxgate serve`` (:mod:`voxgate.serve`) joins a gateway and a
+worker; benchmarks come from :mod:`voxgate.bench.commands`. Imports stay lazy inside the handlers
+so ``voxgate --help`` is fast and a gateway-only install never imports the engines.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gateway.config import ConfigError
+from voxgate.contract.config import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,10 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     import dsp.commands
     import gateway.commands
     import synth.commands
+    from voxgate import serve
+    from voxgate.bench.commands import register_bench
 
-    gateway.commands.register(sub, bench_sub)
-    dsp.commands.register(sub, bench_sub)
-    synth.commands.register(sub, bench_sub)
+    serve.register(sub)
+    gateway.commands.register(sub)
+    dsp.commands.register(sub)
+    synth.commands.register(sub)
+    register_bench(bench_sub)
     return parser
 
 

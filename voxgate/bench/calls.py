@@ -6,7 +6,7 @@ One run, in this order, against a gateway started as a subprocess (so its CPU ca
 
 1. idle baseline: the gateway's CPU with no call;
 2. greeting latency with a warm worker: ``--latency-calls`` sequential calls from the Python
-   client (:mod:`gateway.testclient`), first non-silent RTP packet after our ACK;
+   client (:mod:`voxgate.bench.sipclient`), first non-silent RTP packet after our ACK;
 3. load: sipp places ``N - K`` calls at ``--rate`` calls/s (a uac scenario with ``-rtp_echo``,
    so RTP flows both ways) and the Python client ``K`` sample calls with kernel-timestamped
    capture; every call is held ``--duration`` s. During the plateau (all calls up) it reads
@@ -16,8 +16,8 @@ One run, in this order, against a gateway started as a subprocess (so its CPU ca
 Where the figures come from:
 - *ticker send-time error*: the gateway's ``MediaTicker.error`` histogram (``loop.time()`` at
   each call's tick minus its schedule), plateau delta. ``voxgate serve`` has no endpoint for it,
-  so the gateway runs as ``python -m gateway.bench_calls child STATS -- serve ...``: the same
-  command line through :func:`gateway.cli.main`, with :class:`gateway.app.Gateway` subclassed
+  so the gateway runs as ``python -m voxgate.bench.calls child STATS -- serve ...``: the same
+  command line through :func:`voxgate.cli.main`, with :class:`gateway.app.Gateway` subclassed
   to dump its statistics to a file twice a second (read-only);
 - *receive jitter*: |kernel arrival − (t0 + n·20 ms)| of every packet of the sample calls;
 - *underruns*: the gateway's per-call playout underruns (silence sent while an utterance was
@@ -37,13 +37,11 @@ import math
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,9 +50,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gateway.localgw import free_port
-from gateway.testclient import ClientCall, SipClient, SipClientError
-from synth.benchutil import (
+from voxgate.bench.localgw import free_port
+from voxgate.bench.procs import (
+    Proc,
+    ahttp_json,
+    cpu_between,
+    cpu_sample,
+    system_busy,
+    wait_ready,
+)
+from voxgate.bench.sipclient import ClientCall, SipClient, SipClientError
+from voxgate.bench.util import (
     calibration_cpu_s,
     cpu_model,
     fmt,
@@ -72,7 +78,6 @@ TARGETS = {
 }
 STATS_PERIOD_S = 0.5
 SAMPLES_CAP = 5000  # raw pacing samples kept in the JSON (quantile-decimated beyond this)
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # A uac that offers PCMU + telephone-event on sipp's echo port, holds for -d ms, then BYE.
 SCENARIO = """<?xml version="1.0" encoding="ISO-8859-1" ?>
@@ -160,7 +165,7 @@ class BenchOptions:
 
 # --- the gateway's side (runs inside the child process) ----------------------------------------
 def child_main(argv: Sequence[str]) -> int:
-    """``python -m gateway.bench_calls child STATS_FILE -- <voxgate args>``."""
+    """``python -m voxgate.bench.calls child STATS_FILE -- <voxgate args>``."""
     stats_path, rest = argv[0], list(argv[1:])
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -174,9 +179,17 @@ def child_main(argv: Sequence[str]) -> int:
             self._bench_task = asyncio.create_task(_dump_stats(self, Path(stats_path)))
 
     app.Gateway = StatsGateway  # type: ignore[misc]
-    from gateway.cli import main
+    # The same command line as `voxgate serve|gateway ...` (not voxgate.cli: a benchmark is no
+    # part of the command that registers it).
+    import gateway.commands
+    from voxgate import serve
 
-    return main(rest)
+    parser = argparse.ArgumentParser(prog="voxgate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve.register(sub)
+    gateway.commands.register(sub)
+    args = parser.parse_args(rest)
+    return int(args.func(args))
 
 
 async def _dump_stats(gw: Any, path: Path) -> None:
@@ -240,105 +253,6 @@ async def _dump_stats(gw: Any, path: Path) -> None:
 
 
 # --- the benchmark's side ----------------------------------------------------------------------
-@dataclass
-class CpuSample:
-    t: float
-    total: int  # utime + stime of the process, clock ticks
-    threads: dict[int, tuple[str, int]]  # tid -> (comm, ticks)
-
-
-def cpu_sample(pid: int) -> CpuSample:
-    def ticks(stat: str) -> int:
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-
-    t = time.monotonic()
-    total = ticks(Path(f"/proc/{pid}/stat").read_text())
-    threads: dict[int, tuple[str, int]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            comm = (task / "comm").read_text().strip()
-            threads[int(task.name)] = (comm, ticks((task / "stat").read_text()))
-    return CpuSample(t, total, threads)
-
-
-def cpu_between(pid: int, a: CpuSample, b: CpuSample) -> dict[str, Any]:
-    """% of one core over [a, b]: the whole process, its main (event loop) thread, the rest."""
-    dt = b.t - a.t
-    if dt <= 0:
-        return {"seconds": 0.0}
-
-    def pct(ticks: int) -> float:
-        return 100.0 * ticks / CLK_TCK / dt
-
-    main = b.threads.get(pid, ("", 0))[1] - a.threads.get(pid, ("", 0))[1]
-    total = b.total - a.total
-    by_name: dict[str, int] = {}
-    for tid, (comm, tk) in b.threads.items():
-        if tid != pid:
-            by_name[comm] = by_name.get(comm, 0) + tk - a.threads.get(tid, (comm, 0))[1]
-    return {
-        "seconds": round(dt, 2),
-        "process_pct": pct(total),
-        "event_loop_thread_pct": pct(main),
-        "other_threads_pct": pct(total - main),
-        "other_threads_by_name_pct": {k: round(pct(v), 2) for k, v in sorted(by_name.items())},
-    }
-
-
-def system_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat: how loaded the whole box was."""
-    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = f[3] + (f[4] if len(f) > 4 else 0)
-    return sum(f) - idle, sum(f)
-
-
-class Proc:
-    """A child process with its output in a log file."""
-
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-        self.argv = argv
-        self.log = log
-        fh = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self._fh = fh
-        self.p = subprocess.Popen(
-            argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.p.pid
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        self._fh.close()
-        return self.p.returncode
-
-    def tail(self, n: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        return ""
-
-
-def http_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-
-
-async def ahttp_json(url: str) -> tuple[int, Any]:
-    # A gateway at full load may answer slowly; that is a figure, not a reason to abort.
-    return await asyncio.to_thread(http_json, url, 10.0)
-
-
 def read_stats(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
@@ -607,19 +521,6 @@ async def _load_phase(
     }
 
 
-def _wait_ready(http: str, proc: Proc, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.p.poll() is not None:
-            raise RuntimeError(f"the gateway exited ({proc.p.returncode}):\n{proc.tail()}")
-        with contextlib.suppress(OSError):
-            status, _ = http_json(f"{http}/readyz", timeout=1.0)
-            if status == 200:
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"the gateway was not ready within {timeout} s:\n{proc.tail()}")
-
-
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     if shutil.which(opts.sipp) is None and opts.calls > opts.sample_calls:
         raise RuntimeError(f"{opts.sipp} not found; install sip-tester or use --sample-calls N")
@@ -641,7 +542,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     if opts.greeting:
         common += ["--ivr-greeting", opts.greeting]
     env = dict(os.environ)
-    child = [sys.executable, "-m", "gateway.bench_calls", "child", str(stats_path), "--"]
+    child = [sys.executable, "-m", "voxgate.bench.calls", "child", str(stats_path), "--"]
     worker: Proc | None = None
     if opts.redis:
         prefix = f"vgbench-{os.getpid()}"
@@ -649,7 +550,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         gw = Proc([*child, "gateway", *common, *bus, *opts.extra_args], work / "gateway.log", env)
         nice = ["nice", "-n", str(opts.worker_nice)] if opts.worker_nice else []
         worker = Proc(
-            [*nice, sys.executable, "-m", "gateway.cli", "worker", *bus, "--engine", opts.engine,
+            [*nice, sys.executable, "-m", "voxgate.cli", "worker", *bus, "--engine", opts.engine,
              "--log-level", "warning",
              *(["--concurrency", str(opts.concurrency)] if opts.concurrency else [])],
             work / "worker.log", env,
@@ -658,7 +559,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         gw = Proc([*child, "serve", *common, *opts.extra_args], work / "gateway.log", env)
     try:
         t_start = time.monotonic()
-        _wait_ready(http, gw)
+        wait_ready(http, gw)
         ready_s = time.monotonic() - t_start
         time.sleep(1.0)
         a = cpu_sample(gw.pid)
@@ -927,5 +828,5 @@ def cmd_bench_calls(args: argparse.Namespace) -> int:
 if __name__ == "__main__":  # pragma: no cover - the gateway child of the benchmark
     if len(sys.argv) >= 3 and sys.argv[1] == "child":
         sys.exit(child_main(sys.argv[2:]))
-    print("usage: python -m gateway.bench_calls child STATS_FILE -- <voxgate args>")
+    print("usage: python -m voxgate.bench.calls child STATS_FILE -- <voxgate args>")
     sys.exit(2)

@@ -3,7 +3,7 @@
 One process, one run (uvloop): an in-process :class:`gateway.app.Gateway` on free loopback
 ports with a memory bus and a real onnx :class:`synth.worker.Worker` (no render cache: every
 greeting is synthesised, so a cancel stops real work), and the Python SIP/RTP client
-(:mod:`gateway.testclient`) placing sequential calls.
+(:mod:`voxgate.bench.sipclient`) placing sequential calls.
 
 Caller side: the client's outgoing frames come from a mixer that replaces the client's frame
 source (``RtpPeer._next_frame``): optional echo (the agent's audio as received, −15 dB, 100 ms
@@ -51,11 +51,11 @@ from dsp.telephone import telephone
 from gateway.bargein import VadEvent
 from gateway.calls import Call
 from gateway.control import UtteranceFinished, WorkerStopped
-from gateway.localgw import local_gateway
 from gateway.sip.message import Address
-from gateway.testclient import RtpPeer, SipClient, rms
-from synth.benchutil import cpu_model, fmt, percentiles, run_cli
 from synth.engines.base import Engine
+from voxgate.bench.localgw import local_gateway
+from voxgate.bench.sipclient import RtpPeer, SipClient, rms
+from voxgate.bench.util import cpu_model, fmt, percentiles, run_cli
 
 Int16Array = npt.NDArray[np.int16]
 

@@ -7,8 +7,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from synth.bus.base import Delivery, Subscription
-from synth.bus.schema import (
+from voxgate.contract.bus.base import Delivery, Subscription
+from voxgate.contract.bus.schema import (
     AudioMessage,
     Fields,
     SchemaError,
@@ -17,7 +17,7 @@ from synth.bus.schema import (
     audio_to_fields,
 )
 
-log = logging.getLogger("synth.bus")
+log = logging.getLogger("voxgate.contract.bus")
 
 
 class _Closed:

@@ -19,11 +19,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from synth.benchutil import cpu_model, percentiles
-from synth.bus.memory import MemoryBus
-from synth.bus.schema import SpeakRequest
 from synth.engines.base import Engine
 from synth.worker import UtteranceStats, Worker
+from voxgate.bench.util import cpu_model, percentiles
+from voxgate.contract.bus.memory import MemoryBus
+from voxgate.contract.bus.schema import SpeakRequest
 
 PROMPTS = [
     "Thank you for calling Acme Bank. How can I help you today?",

@@ -30,11 +30,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from synth.bus._common import QueueSubscription, delivery_from_fields, encode_audio, redact_url
-from synth.bus.base import Bus, BusError, Delivery, Subscription
-from synth.bus.schema import AudioMessage, SchemaError, SpeakRequest, audio_from_fields
+from voxgate.contract.bus._common import (
+    QueueSubscription,
+    delivery_from_fields,
+    encode_audio,
+    redact_url,
+)
+from voxgate.contract.bus.base import Bus, BusError, Delivery, Subscription
+from voxgate.contract.bus.schema import AudioMessage, SchemaError, SpeakRequest, audio_from_fields
 
-log = logging.getLogger("synth.bus.redis")
+log = logging.getLogger("voxgate.contract.bus.redis")
 
 GROUP = "synth"
 StreamId = tuple[int, int]

@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from gateway.app import Gateway
-from gateway.config import Config, load
 from gateway.sip.message import Address
-from synth.bus.memory import MemoryBus
 from synth.engines.base import Engine
 from synth.worker import Worker
+from voxgate.contract.bus.memory import MemoryBus
+from voxgate.contract.config import Config, load
+from voxgate.serve import attach_worker
 
 
 def free_port(kind: int = socket.SOCK_DGRAM, *, both: bool = False, even: bool = False) -> int:
@@ -69,7 +70,7 @@ async def local_gateway(
     stop = asyncio.Event()
     worker = Worker(bus, engine, name=name, concurrency=2)
     gw = Gateway(cfg, bus)
-    gw.attach_worker(worker)
+    attach_worker(gw, worker)
     worker_task = asyncio.create_task(worker.run(stop))
     try:
         await gw.start()

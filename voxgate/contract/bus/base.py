@@ -2,7 +2,7 @@
 
 ``MemoryBus`` joins gateway and worker inside one process (the embedded ``voxgate serve``);
 ``RedisBus`` joins separate processes over Redis Streams. The same contract test suite runs
-against both. Message types and their wire form live in ``synth.bus.schema``.
+against both. Message types and their wire form live in ``voxgate.contract.bus.schema``.
 
 Redis layout (``{p}`` is the configured prefix, schema version in ``schema.VERSION``):
 - ``{p}:synth:req``            stream, consumer group ``synth``: SpeakRequest entries.
@@ -19,7 +19,7 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from synth.bus.schema import AudioMessage, SchemaError, SpeakRequest
+from voxgate.contract.bus.schema import AudioMessage, SchemaError, SpeakRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from synth.bus.base import Bus, BusError, Delivery, Subscription
-from synth.bus.memory import MemoryBus
-from synth.bus.redis_bus import RedisBus
-from synth.bus.schema import (
+from voxgate.contract.bus.base import Bus, BusError, Delivery, Subscription
+from voxgate.contract.bus.memory import MemoryBus
+from voxgate.contract.bus.redis_bus import RedisBus
+from voxgate.contract.bus.schema import (
     AudioChunk,
     AudioMessage,
     SchemaError,

@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from synth.bus._common import QueueSubscription, delivery_from_fields, encode_audio
-from synth.bus.base import Bus, BusError, Delivery, Subscription
-from synth.bus.schema import AudioMessage, SpeakRequest
+from voxgate.contract.bus._common import QueueSubscription, delivery_from_fields, encode_audio
+from voxgate.contract.bus.base import Bus, BusError, Delivery, Subscription
+from voxgate.contract.bus.schema import AudioMessage, SpeakRequest
 
 
 @dataclass(slots=True)

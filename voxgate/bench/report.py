@@ -2,12 +2,12 @@
 
 Stages, in this order (``--skip`` leaves any out):
 
-- ``synth``: :func:`synth.bench.bench_synth` (TTFA streaming vs whole-piece baseline, RTF);
-- ``calls``: :func:`gateway.bench_calls.run_bench` at several call counts (10/25/50/100; the
+- ``synth``: :func:`voxgate.bench.synth.bench_synth` (TTFA streaming vs whole-piece baseline, RTF);
+- ``calls``: :func:`voxgate.bench.calls.run_bench` at several call counts (10/25/50/100; the
   largest is the full ``voxgate bench calls`` run and gives the pacing figures), for the
   calls-vs-CPU curve;
-- ``bargein``: :func:`gateway.bench_bargein.run_bench`;
-- ``webrtc``: ``gateway.bench_webrtc.run_bench`` when that module exists ("not available" else);
+- ``bargein``: :func:`voxgate.bench.bargein.run_bench`;
+- ``webrtc``: :func:`voxgate.bench.webrtc.run_bench`;
 - ``response``: the telephone chain's frequency response, *measured*: stepped sines and white
   noise through :func:`dsp.telephone.telephone` at the engine's rate, levels read with
   :mod:`dsp.meter`; plus the aliasing of inputs above 4 kHz;
@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import io
 import json
 import math
 import os
@@ -45,7 +43,7 @@ from typing import Any, TextIO
 import numpy as np
 import numpy.typing as npt
 
-from synth.benchutil import cpu_model, fmt, json_default, percentiles, strict_json
+from voxgate.bench.util import cpu_model, fmt, json_default, percentiles, strict_json
 
 STAGES = ("synth", "calls", "bargein", "webrtc", "response", "spectrogram")
 TITLES = {
@@ -66,15 +64,11 @@ EXPECTED_S = {
     "spectrogram": (8.0, 8.0),
 }
 CALL_COUNTS = {True: (3, 6), False: (10, 25, 50, 100)}
-SPECTROGRAM_PROMPT = 0  # index into synth.bench.PROMPTS
+SPECTROGRAM_PROMPT = 0  # index into voxgate.bench.synth.PROMPTS
 RESPONSE_LEVEL_DBFS = -20.0  # stepped sines: well under the limiter's ceiling even with the EQ
 NOISE_LEVEL_DBFS = -30.0  # white noise RMS: peaks stay under the ceiling too
 CUTOFF_HZ = 3800.0
 EQ_BAND_HZ = (1000.0, 3000.0)
-
-
-class StageUnavailable(Exception):
-    """The stage cannot run here (a module not there yet): reported, not a failure."""
 
 
 class StageFailed(Exception):
@@ -194,7 +188,7 @@ class Context:
     """What the stages share: the mode, the configuration, one engine, arrays for the plots."""
 
     quick: bool
-    cfg: Any  # gateway.config.Config
+    cfg: Any  # voxgate.contract.config.Config
     out_dir: Path
     arrays: dict[str, dict[str, Any]] = field(default_factory=dict)
     _engine: Any = None
@@ -214,7 +208,7 @@ class Context:
 @dataclass
 class StageResult:
     name: str
-    status: str = "skipped"  # ok | failed | not available | skipped
+    status: str = "skipped"  # ok | failed | skipped
     seconds: float = 0.0
     result: dict[str, Any] | None = None
     error: str | None = None
@@ -225,16 +219,15 @@ class StageResult:
 Runner = Callable[[Context, StageProgress], dict[str, Any]]
 
 
-def _cli_args(argv: list[str]) -> argparse.Namespace | None:
-    """``argv`` parsed by the real ``voxgate`` parser (so options match the command's), or None
-    when that command is not registered."""
-    from gateway.cli import build_parser
+def _cli_args(argv: list[str]) -> argparse.Namespace:
+    """``voxgate bench NAME ARGS...`` parsed with that command's own options (the defaults a
+    user gets)."""
+    from voxgate.bench import options
 
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            return build_parser().parse_args(argv)
-        except SystemExit:
-            return None
+    _, name, *rest = argv
+    parser = argparse.ArgumentParser(prog=f"voxgate bench {name}")
+    getattr(options, f"add_{name}_arguments")(parser)
+    return parser.parse_args(rest)
 
 
 def _host_conditions(quick: bool) -> dict[str, Any]:
@@ -250,7 +243,7 @@ def _host_conditions(quick: bool) -> dict[str, Any]:
 
 # --- stages --------------------------------------------------------------------------------------
 def run_synth(ctx: Context, prog: StageProgress) -> dict[str, Any]:
-    from synth.bench import bench_synth
+    from voxgate.bench.synth import bench_synth
 
     prog.step("loading the engine")
     engine = ctx.engine()
@@ -265,7 +258,7 @@ def run_synth(ctx: Context, prog: StageProgress) -> dict[str, Any]:
 
 
 def run_calls(ctx: Context, prog: StageProgress) -> dict[str, Any]:
-    from gateway.bench_calls import options_from_args, run_bench
+    from voxgate.bench.calls import options_from_args, run_bench
 
     counts = CALL_COUNTS[ctx.quick]
     runs: dict[str, dict[str, Any]] = {}
@@ -278,7 +271,6 @@ def run_calls(ctx: Context, prog: StageProgress) -> dict[str, Any]:
         elif n != max(counts):
             argv += ["--latency-calls", "3"]  # the curve's smaller runs: CPU, not greeting
         args = _cli_args(argv)
-        assert args is not None, argv
         try:
             runs[str(n)] = run_bench(options_from_args(args))
         except Exception as exc:
@@ -321,10 +313,9 @@ def _curve_point(n: int, r: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def run_bargein(ctx: Context, prog: StageProgress) -> dict[str, Any]:
-    from gateway.bench_bargein import options_from_args, run_bench
+    from voxgate.bench.bargein import options_from_args, run_bench
 
     args = _cli_args(["bench", "bargein", *(["--quick"] if ctx.quick else [])])
-    assert args is not None
     opts = options_from_args(args)
     opts.engine = ctx.engine_name
     prog.step(f"{opts.trials} trials, {opts.echo_seconds:g} s of echo")
@@ -334,36 +325,12 @@ def run_bargein(ctx: Context, prog: StageProgress) -> dict[str, Any]:
 
 
 def run_webrtc(ctx: Context, prog: StageProgress) -> dict[str, Any]:
-    try:
-        mod = importlib.import_module("gateway.bench_webrtc")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("gateway.bench_webrtc", "gateway"):
-            raise StageUnavailable("gateway/bench_webrtc.py is not there yet") from exc
-        raise
-    run = getattr(mod, "run_bench", None)
-    if run is None:
-        raise StageUnavailable("gateway.bench_webrtc has no run_bench(opts) yet")
-    opts: Any = None
-    from_args = getattr(mod, "options_from_args", None)
-    if from_args is not None:
-        args = _cli_args(["bench", "webrtc", *(["--quick"] if ctx.quick else [])])
-        if args is not None:
-            opts = from_args(args)
-    if opts is None:
-        cls = getattr(mod, "BenchOptions", None)
-        if cls is None:
-            raise StageUnavailable(
-                "gateway.bench_webrtc has neither options_from_args (with a "
-                "registered `bench webrtc`) nor BenchOptions"
-            )
-        try:
-            opts = cls(quick=ctx.quick)
-        except TypeError:
-            opts = cls()
+    from voxgate.bench.webrtc import options_from_args, run_bench
+
+    args = _cli_args(["bench", "webrtc", *(["--quick"] if ctx.quick else [])])
     prog.step("running")
-    r = strict_json(run(opts))
-    if not isinstance(r, dict):
-        raise RuntimeError(f"gateway.bench_webrtc.run_bench returned {type(r).__name__}")
+    r = strict_json(run_bench(options_from_args(args)))
+    assert isinstance(r, dict)
     return r
 
 
@@ -520,8 +487,8 @@ def _band_share_db(x: npt.NDArray[Any], rate: int, above_hz: float) -> float:
 
 def run_spectrogram(ctx: Context, prog: StageProgress) -> dict[str, Any]:
     from dsp.meter import dbfs_peak, dbfs_rms
-    from synth.bench import PROMPTS
     from synth.render import Renderer, prepare_text
+    from voxgate.bench.synth import PROMPTS
 
     prog.step("loading the engine")
     tap = _TapEngine(ctx.engine())
@@ -573,7 +540,7 @@ def _samples(r: dict[str, Any], key: str) -> list[float]:
 
 
 def plot_stage(sr: StageResult, ctx: Context) -> None:
-    from gateway import report_plots as rp
+    from voxgate.bench import plots as rp
 
     r = sr.result
     if r is None:
@@ -1077,9 +1044,6 @@ def render_markdown(
         if s.status == "skipped":
             lines += ["", "Left out (`--skip`)."]
             continue
-        if s.status == "not available":
-            lines += ["", f"Not available: {s.error}"]
-            continue
         if s.error:
             lines += ["", "Error:", "", "```text", s.error.strip()[-3000:], "```"]
         if s.result:
@@ -1149,8 +1113,6 @@ def run_report(
                 try:
                     sr.result = RUNNERS[name](ctx, prog)
                     sr.status = "ok"
-                except StageUnavailable as exc:
-                    sr.status, sr.error = "not available", str(exc)
                 except StageFailed as exc:
                     sr.status, sr.error, sr.result = "failed", str(exc), exc.partial
                 except Exception as exc:
@@ -1198,7 +1160,7 @@ def run_report(
 
 
 def cmd_bench_all(args: argparse.Namespace) -> int:
-    from gateway.config import load_from_args
+    from voxgate.contract.config import load_from_args
 
     try:
         skip = parse_skip(args.skip)

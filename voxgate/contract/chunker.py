@@ -15,7 +15,7 @@ chunks of ``chunk_text`` on the whole text.
 
 from __future__ import annotations
 
-from synth.text.numbers import ONES, SCALES, TENS
+from voxgate.contract.words import ONES, SCALES, TENS
 
 _TERMINATORS = ".!?"
 _CLAUSE_MARKS = ",;:"

@@ -1,21 +1,15 @@
-"""``voxgate bench calls``, ``bench bargein`` and ``bench all``: registered on the ``bench``
-subparsers by ``register_bench``."""
+"""The options of ``voxgate bench calls|bargein|webrtc``: one definition for the command
+(:mod:`voxgate.bench.commands`) and for the report, which runs the same benchmarks with the
+same defaults (:mod:`voxgate.bench.report`).  Only argparse here, so ``voxgate --help`` stays
+fast."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import TypeAlias
-
-SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def register_bench(bench_sub: SubParsers) -> None:
-    p = bench_sub.add_parser(
-        "calls",
-        help="concurrent SIP calls (sipp) against a gateway process: pacing, underruns, CPU, "
-        "greeting latency",
-    )
+def add_calls_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench calls`` (the command and the report parse the same)."""
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--calls", type=int, default=100, help="concurrent calls (default 100)")
     p.add_argument("--rate", type=float, default=20.0, help="calls per second (default 20)")
@@ -51,13 +45,10 @@ def register_bench(bench_sub: SubParsers) -> None:
         "--quick", action="store_true",
         help="a short smoke run: 6 calls at 10/s held 6 s, 3 latency calls",
     )  # fmt: skip
-    p.set_defaults(func=cmd_bench_calls)
 
-    b = bench_sub.add_parser(
-        "bargein",
-        help="barge-in over real SIP calls: decision/onset to silence, worker stop, misses, "
-        "false barge-ins on echo",
-    )
+
+def add_bargein_arguments(b: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench bargein`` (the command and the report parse the same)."""
     b.add_argument("--json", action="store_true", help="print JSON instead of a table")
     b.add_argument("--trials", type=int, default=20, help="calls with caller speech (default 20)")
     b.add_argument(
@@ -68,12 +59,10 @@ def register_bench(bench_sub: SubParsers) -> None:
     b.add_argument(
         "--quick", action="store_true", help="a short smoke run: 4 trials, 15 s of echo"
     )  # fmt: skip
-    b.set_defaults(func=cmd_bench_bargein)
 
-    w = bench_sub.add_parser(
-        "webrtc",
-        help="browser legs over real WebRTC on loopback: connect to first audio, concurrent legs",
-    )
+
+def add_webrtc_arguments(w: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench webrtc`` (the command and the report parse the same)."""
     w.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w.add_argument(
         "--calls", type=int, default=20, help="sequential calls for connect → first audio (20)"
@@ -84,59 +73,3 @@ def register_bench(bench_sub: SubParsers) -> None:
     )  # fmt: skip
     w.add_argument("--window", type=float, default=5.0, help="seconds measured per step (5)")
     w.add_argument("--quick", action="store_true", help="a short smoke run: 3 calls, 2 and 4 legs")
-    w.set_defaults(func=cmd_bench_webrtc)
-
-    from gateway.config import add_config_arguments
-
-    a = bench_sub.add_parser(
-        "all",
-        help="every benchmark (synth, calls, bargein, webrtc) plus the telephone chain's "
-        "measured response and a spectrogram: DIR/report.md with PNG plots",
-    )
-    a.add_argument("--report", metavar="DIR", required=True, help="write DIR/report.md + PNGs")
-    a.add_argument("--quick", action="store_true", help="every stage short (a smoke run)")
-    a.add_argument(
-        "--skip", metavar="STAGE", action="append", default=[],
-        help="leave stages out (repeat or comma-separate): synth, calls, bargein, webrtc, "
-        "response, spectrogram",
-    )  # fmt: skip
-    a.add_argument("--json", action="store_true", help="also write DIR/report.json (raw results)")
-    add_config_arguments(a)
-    a.set_defaults(func=cmd_bench_all)
-
-
-def cmd_bench_calls(args: argparse.Namespace) -> int:
-    from gateway.bench_calls import cmd_bench_calls as run
-
-    return run(args)
-
-
-def cmd_bench_bargein(args: argparse.Namespace) -> int:
-    from gateway.bench_bargein import cmd_bench_bargein as run
-
-    return run(args)
-
-
-def cmd_bench_webrtc(args: argparse.Namespace) -> int:
-    from gateway.bench_webrtc import cmd_bench_webrtc as run
-
-    return run(args)
-
-
-def cmd_bench_all(args: argparse.Namespace) -> int:
-    from gateway.bench_report import cmd_bench_all as run
-
-    return run(args)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.bench_commands [options]``: the same as ``voxgate bench calls``."""
-    parser = argparse.ArgumentParser(prog="voxgate bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    register_bench(sub)
-    args = parser.parse_args(["calls", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 The gateway runs as ``voxgate serve`` in a subprocess (embedded worker, the bundled voice), so
 its CPU is its own and can be read from ``/proc``; the callers are aiortc clients in this
-process (:mod:`gateway.webrtc.client` — what the softphone page does).
+process (:mod:`voxgate.bench.webrtc_client` — what the softphone page does).
 
 1. **Connect to first audio** (warm worker): ``--calls`` sequential calls, each from before the
    offer is made to the first audible frame of the greeting at the client; broken down into
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.bench_calls import Proc, _wait_ready, cpu_between, cpu_sample
-from gateway.localgw import free_port
-from synth.benchutil import cpu_model, fmt, percentiles, run_cli
+from voxgate.bench.localgw import free_port
+from voxgate.bench.procs import Proc, cpu_between, cpu_sample, wait_ready
+from voxgate.bench.util import cpu_model, fmt, percentiles, run_cli
 
 TTFA_TARGET_MS = 500.0
 HOLD_FRACTION = 0.95
@@ -50,7 +50,7 @@ class BenchOptions:
 
 
 async def _connect_trial(http: str) -> dict[str, float]:
-    from gateway.webrtc.client import WebRtcClient
+    from voxgate.bench.webrtc_client import WebRtcClient
 
     client = WebRtcClient(http)
     try:
@@ -93,7 +93,7 @@ async def _ttfa_phase(http: str, calls: int) -> tuple[list[dict[str, float]], li
 async def _concurrency_phase(
     http: str, gw: Proc, steps: tuple[int, ...], window_s: float
 ) -> list[dict[str, Any]]:
-    from gateway.webrtc.client import WebRtcClient
+    from voxgate.bench.webrtc_client import WebRtcClient
 
     clients: list[WebRtcClient] = []
     out: list[dict[str, Any]] = []
@@ -172,7 +172,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     http = f"http://127.0.0.1:{http_port}"
     max_legs = max(opts.steps) if opts.steps else 1
     argv = [
-        sys.executable, "-m", "gateway.cli", "serve",
+        sys.executable, "-m", "voxgate.cli", "serve",
         "--sip-listen", f"127.0.0.1:{free_port(both=True)}",
         "--http-listen", f"127.0.0.1:{http_port}",
         "--gateway-max-calls", str(max_legs + 10), "--ivr-idle-timeout-s", "0",
@@ -181,7 +181,7 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     gw = Proc(argv, work / "gateway.log", dict(os.environ))
     try:
         t0 = time.monotonic()
-        _wait_ready(http, gw)
+        wait_ready(http, gw)
         ready_s = time.monotonic() - t0
         trials, errors = asyncio.run(_ttfa_phase(http, opts.calls))
         steps = asyncio.run(_concurrency_phase(http, gw, opts.steps, opts.window_s))

@@ -1,0 +1,143 @@
+"""Every ``voxgate bench ...`` command (synth, dsp, calls, bargein, webrtc, all), registered on
+the ``bench`` subparsers by ``register_bench`` (called by :mod:`voxgate.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from voxgate.bench.options import (
+    add_bargein_arguments,
+    add_calls_arguments,
+    add_webrtc_arguments,
+)
+from voxgate.contract.config import SubParsers, add_config_arguments, load_from_args
+from voxgate.contract.logs import setup_logging
+
+
+def register_bench(bench_sub: SubParsers) -> None:
+    p = bench_sub.add_parser(
+        "synth", help="TTFA streaming vs baseline, RTF, TTFA under concurrency"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
+    p.add_argument("--levels", default="1,2,4,8", help="concurrency levels (default 1,2,4,8)")
+    p.add_argument("--profile", choices=("narrowband", "wideband"), default="narrowband")
+    add_config_arguments(p)
+    p.set_defaults(func=cmd_bench_synth)
+
+    p = bench_sub.add_parser("dsp", help="cost of the telephone chain per 20 ms block")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--iterations", type=int, default=5000, help="timed 20 ms blocks (default 5000)")
+    p.add_argument("--in-rate", type=int, default=22050, help="engine rate (default 22050)")
+    p.set_defaults(func=cmd_bench_dsp)
+
+    p = bench_sub.add_parser(
+        "calls",
+        help="concurrent SIP calls (sipp) against a gateway process: pacing, underruns, CPU, "
+        "greeting latency",
+    )
+    add_calls_arguments(p)
+    p.set_defaults(func=cmd_bench_calls)
+
+    b = bench_sub.add_parser(
+        "bargein",
+        help="barge-in over real SIP calls: decision/onset to silence, worker stop, misses, "
+        "false barge-ins on echo",
+    )
+    add_bargein_arguments(b)
+    b.set_defaults(func=cmd_bench_bargein)
+
+    w = bench_sub.add_parser(
+        "webrtc",
+        help="browser legs over real WebRTC on loopback: connect to first audio, concurrent legs",
+    )
+    add_webrtc_arguments(w)
+    w.set_defaults(func=cmd_bench_webrtc)
+
+
+    a = bench_sub.add_parser(
+        "all",
+        help="every benchmark (synth, calls, bargein, webrtc) plus the telephone chain's "
+        "measured response and a spectrogram: DIR/report.md with PNG plots",
+    )
+    a.add_argument("--report", metavar="DIR", required=True, help="write DIR/report.md + PNGs")
+    a.add_argument("--quick", action="store_true", help="every stage short (a smoke run)")
+    a.add_argument(
+        "--skip", metavar="STAGE", action="append", default=[],
+        help="leave stages out (repeat or comma-separate): synth, calls, bargein, webrtc, "
+        "response, spectrogram",
+    )  # fmt: skip
+    a.add_argument("--json", action="store_true", help="also write DIR/report.json (raw results)")
+    add_config_arguments(a)
+    a.set_defaults(func=cmd_bench_all)
+
+
+def cmd_bench_calls(args: argparse.Namespace) -> int:
+    from voxgate.bench.calls import cmd_bench_calls as run
+
+    return run(args)
+
+
+def cmd_bench_bargein(args: argparse.Namespace) -> int:
+    from voxgate.bench.bargein import cmd_bench_bargein as run
+
+    return run(args)
+
+
+def cmd_bench_webrtc(args: argparse.Namespace) -> int:
+    from voxgate.bench.webrtc import cmd_bench_webrtc as run
+
+    return run(args)
+
+
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    from voxgate.bench.report import cmd_bench_all as run
+
+    return run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m voxgate.bench.commands [options]``: the same as ``voxgate bench calls``."""
+    parser = argparse.ArgumentParser(prog="voxgate bench")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    register_bench(sub)
+    args = parser.parse_args(["calls", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+def cmd_bench_synth(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from synth.app import build_engine
+    from voxgate.bench.synth import bench_synth, format_report, main_json
+
+    cfg = load_from_args(args)
+    setup_logging(cfg.log.level, cfg.log.format)
+    levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
+    engine = build_engine(cfg)
+    result = asyncio.run(
+        bench_synth(engine, repeats=args.repeats, levels=levels, profile=args.profile)
+    )
+    print(main_json(result) if args.json else format_report(result))
+    return 0
+
+
+def cmd_bench_dsp(args: argparse.Namespace) -> int:
+    from voxgate.bench import dsp as bench
+
+    try:
+        report = bench.run(iterations=args.iterations, in_rate=args.in_rate)
+    except ValueError as exc:
+        print(f"voxgate bench dsp: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(bench.format_report(report))
+    return 0

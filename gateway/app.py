@@ -13,16 +13,16 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.api import check_bind_safety, make_app, start_api, stop_api
-from gateway.calls import CallManager
-from gateway.ivr import IvrAgent
+from gateway.agents.ivr import IvrAgent
+from gateway.api.routes import check_bind_safety, make_app, start_api, stop_api
+from gateway.call.calls import CallManager
+from gateway.legs.sip.register import Registrar
+from gateway.legs.sip.ua import SipUA, resolve_uri
+from gateway.legs.webrtc.service import WebRtcService
 from gateway.metrics import GatewayMetrics
 from gateway.rtp.endpoint import MediaTicker
 from gateway.sip import parse_uri
 from gateway.sip.events import Event as SipEvent
-from gateway.sip_register import Registrar
-from gateway.sip_ua import SipUA, resolve_uri
-from gateway.webrtc.service import WebRtcService
 from voxgate.contract.bus.base import Bus
 from voxgate.contract.config import Config, parse_hostport
 from voxgate.contract.runtime import build_bus, install_stop_signals

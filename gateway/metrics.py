@@ -27,8 +27,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.calls import Call, CallManager
-from gateway.control import BargeIn, Event, Leg, UtteranceFinished, WorkerStopped
+from gateway.call.calls import Call, CallManager
+from gateway.call.control import BargeIn, Event, Leg, UtteranceFinished, WorkerStopped
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 
@@ -61,7 +61,7 @@ _REASONS = {
     "timeout": "timeout",
     "no ack": "timeout",
     "media timeout": "timeout",
-    # Browser legs (gateway.webrtc): the peer connection closed by the page is its BYE.
+    # Browser legs (gateway.legs.webrtc): the peer connection closed by the page is its BYE.
     "connection closed": "remote_hangup",
     "connection failed": "error",
     "connect timeout": "timeout",

@@ -1,7 +1,7 @@
 """An in-memory ``CallControl`` and a client factory for the HTTP-layer tests.
 
-The fake stands in for ``gateway.calls`` only to isolate the HTTP layer: it records what the API
-asked of it and raises the ``ControlError``s a real gateway would. The server is real (aiohttp's
+The fake stands in for ``gateway.call.calls`` only to isolate the HTTP layer: it records what the
+API asked of it and raises the ``ControlError``s a real gateway would. The server is real (aiohttp's
 ``TestServer`` on 127.0.0.1).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.api import make_app
-from gateway.control import (
+from gateway.api.routes import make_app
+from gateway.call.control import (
     CallInfo,
     Conflict,
     ControlError,

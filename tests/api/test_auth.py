@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.api import UnsafeBindError, check_bind_safety, make_app, start_api, stop_api
-from gateway.auth import token_matches
-from gateway.control import SpeechStarted
+from gateway.api.auth import token_matches
+from gateway.api.routes import UnsafeBindError, check_bind_safety, make_app, start_api, stop_api
+from gateway.call.control import SpeechStarted
 from tests.api.conftest import ClientFactory, FakeControl, error
 
 Client = TestClient[Any, Any]

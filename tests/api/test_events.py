@@ -11,8 +11,8 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
-from gateway.api import make_app, start_api, stop_api
-from gateway.control import (
+from gateway.api.routes import make_app, start_api, stop_api
+from gateway.call.control import (
     CallStateChanged,
     DtmfReceived,
     SpeechStarted,

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from gateway.control import Conflict, Unavailable
+from gateway.call.control import Conflict, Unavailable
 from tests.api.conftest import ClientFactory, FakeControl, error
 
 Client = TestClient[Any, Any]
@@ -297,7 +297,7 @@ async def test_unexpected_error_is_500_without_details(
     client: Client, control: FakeControl, caplog: pytest.LogCaptureFixture
 ) -> None:
     control.fail_with = RuntimeError("secret internal detail")
-    with caplog.at_level(logging.ERROR, logger="gateway.api"):
+    with caplog.at_level(logging.ERROR, logger="gateway.api.routes"):
         resp = await client.get("/api/calls")
     assert resp.status == 500
     text = await resp.text()

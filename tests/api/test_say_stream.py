@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from gateway.control import BadRequest, Conflict, TextTooLong
+from gateway.call.control import BadRequest, Conflict, TextTooLong
 from tests.api.conftest import ClientFactory, FakeControl, error
 
 Client = TestClient[Any, Any]

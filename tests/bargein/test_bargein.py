@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.bargein import (
+from gateway.media.bargein import (
     BargeInConfig,
     BargeInDetector,
     SpeechStarted,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.bargein import BargeInConfig, BargeInDetector, DetectorBank, VadEvent, run_batch
+from gateway.media.bargein import BargeInConfig, BargeInDetector, DetectorBank, VadEvent, run_batch
 from tests.bargein import audio as A
 
 RATE = A.RATE

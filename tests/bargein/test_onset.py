@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gateway.bargein import BargeInConfig, SpeechStarted, VadEvent, detect
+from gateway.media.bargein import BargeInConfig, SpeechStarted, VadEvent, detect
 from tests.bargein import audio as A
 
 RATE = A.RATE

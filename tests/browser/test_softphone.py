@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dsp.wideband import wideband
-from gateway.control import DtmfReceived, UtteranceStarted
+from gateway.call.control import DtmfReceived, UtteranceStarted
 from synth.engines import load_engine
 from synth.engines.base import Engine
 from tests.browser.cdp import chromium, chromium_path

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auth import check_bind_safety
+from gateway.api.auth import check_bind_safety
 from voxgate.cli import build_parser
 from voxgate.contract import config as vc
 from voxgate.contract.bus.redis_bus import GROUP, RedisBus

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gateway.calls import Call, CallManager
-from gateway.control import (
+from gateway.agents.ivr import IvrAgent
+from gateway.call.calls import Call, CallManager
+from gateway.call.control import (
     BadRequest,
     CallStateChanged,
     Conflict,
@@ -21,7 +22,6 @@ from gateway.control import (
     UtteranceFinished,
     UtteranceStarted,
 )
-from gateway.ivr import IvrAgent
 from synth.worker import Worker
 from tests.fakes import ToneEngine
 from voxgate.contract.bus.base import Bus

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from gateway.control import CallInfo, DtmfReceived, UtteranceFinished
-from gateway.ivr import IvrAgent
+from gateway.agents.ivr import IvrAgent
+from gateway.call.control import CallInfo, DtmfReceived, UtteranceFinished
 from voxgate.contract.config import IvrConfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.playout import Playout, PlayoutFinished, PlayoutStarted
+from gateway.media.playout import Playout, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.schema import AudioChunk, UtteranceEnd, UtteranceError, Word
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from gateway.legs.sip.register import Registrar
+from gateway.legs.sip.transport import SipTransport
 from gateway.sip import Request, TransactionLayer, make_response, parse, parse_challenges
 from gateway.sip.digest import digest_response
-from gateway.sip_register import Registrar
-from gateway.sip_transport import SipTransport
 
 CHALLENGE = 'Digest realm="voxgate.test", nonce="n0nce", qop="auth", algorithm=SHA-256'
 

@@ -12,8 +12,8 @@ import pytest
 
 from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
-from gateway.calls import Call
-from gateway.control import UtteranceFinished
+from gateway.call.calls import Call
+from gateway.call.control import UtteranceFinished
 from synth.engines.base import Engine
 from tests.gateway_e2e.conftest import LiveGateway
 from voxgate.bench.sipclient import RtpPeer, SipClient, rms

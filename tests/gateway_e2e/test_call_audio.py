@@ -12,8 +12,8 @@ import numpy.typing as npt
 import pytest
 
 from gateway import sdp
-from gateway.calls import Call
-from gateway.control import Event, UtteranceFinished, UtteranceStarted
+from gateway.call.calls import Call
+from gateway.call.control import Event, UtteranceFinished, UtteranceStarted
 from tests.gateway_e2e.conftest import LiveGateway
 from voxgate.bench.sipclient import ClientCall, RtpPeer, SipClient, frame_rms, rms
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.agent import CallHandle
-from gateway.calls import CallManager
-from gateway.control import Event
+from gateway.agents.base import CallHandle
+from gateway.call.calls import CallManager
+from gateway.call.control import Event
 from tests.metrics.conftest import MetricsGateway
 from voxgate.bench.sipclient import SipClient
 from voxgate.contract.bus.memory import MemoryBus

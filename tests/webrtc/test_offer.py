@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.webrtc.offer import OfferError, check_offer
+from gateway.legs.webrtc.offer import OfferError, check_offer
 
 # A browser-shaped offer (Chromium's layout, trimmed): audio with Opus + G.711, a data channel.
 CHROME = "\r\n".join(

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from gateway.webrtc.opus import MonoOpusEncoder
+from gateway.legs.webrtc.opus import MonoOpusEncoder
 
 
 def decode(packets: list[bytes], rate: int) -> np.ndarray:

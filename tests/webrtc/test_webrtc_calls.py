@@ -12,7 +12,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from dsp.wideband import wideband
-from gateway.control import BargeIn, DtmfReceived, UtteranceStarted
+from gateway.call.control import BargeIn, DtmfReceived, UtteranceStarted
 from synth.engines.base import Engine
 from tests.waiting import wait_for
 from voxgate.bench.localgw import local_gateway

@@ -16,7 +16,7 @@ at −20 dBFS active level).
    ends; every barge-in is false. Calls are added until ``--echo-seconds`` of greeting was echoed.
 
 Where the figures come from (media times are the call's media clock, RTP timestamp − first
-timestamp, in ms, the clock of ``gateway.control.BargeIn``):
+timestamp, in ms, the clock of ``gateway.call.control.BargeIn``):
 - *ground-truth onset*: ``Call.on_caller_audio`` is wrapped (bench process only) to keep each
   caller frame with its media position; the client's frame that holds the sentence's first
   audible sample (first 10 ms window at ≥ −45 dBFS RMS) is found there by content (its G.711
@@ -48,9 +48,9 @@ import numpy.typing as npt
 
 from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
-from gateway.bargein import VadEvent
-from gateway.calls import Call
-from gateway.control import UtteranceFinished, WorkerStopped
+from gateway.call.calls import Call
+from gateway.call.control import UtteranceFinished, WorkerStopped
+from gateway.media.bargein import VadEvent
 from gateway.sip.message import Address
 from synth.engines.base import Engine
 from voxgate.bench.localgw import local_gateway

@@ -194,7 +194,7 @@ def child_main(argv: Sequence[str]) -> int:
 
 async def _dump_stats(gw: Any, path: Path) -> None:
     """Write the gateway's pacing/playout statistics to ``path`` every ``STATS_PERIOD_S``."""
-    from gateway.control import UtteranceStarted
+    from gateway.call.control import UtteranceStarted
 
     calls: dict[str, Any] = {}
     first_audio: dict[str, float] = {}

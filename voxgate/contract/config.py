@@ -207,7 +207,7 @@ class IvrConfig:
 
 @dataclass
 class BargeinSettings:
-    """Caller speech over the agent: VAD on inbound audio, echo-aware (gateway.bargein)."""
+    """Caller speech over the agent: VAD on inbound audio, echo-aware (gateway.media.bargein)."""
 
     enabled: bool = True
     # webrtcvad mode 0 (least) .. 3 (most aggressive at rejecting non-speech).

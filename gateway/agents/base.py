@@ -2,7 +2,7 @@
 
 An agent sees one call through a ``CallHandle`` and reacts to its events (DTMF, utterance
 finished, caller speech started/stopped, state changes). The embedded default is the IVR in
-``gateway.ivr``; a pipecat pipeline fits the same shape (events in as frames, ``say`` out as
+``gateway.agents.ivr``; a pipecat pipeline fits the same shape (events in as frames, ``say`` out as
 TTS text), which is how LLM/STT agents plug in later.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.control import CallInfo, Event
+from gateway.call.control import CallInfo, Event
 
 
 class CallHandle(Protocol):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gateway.agent import CallHandle
-from gateway.control import CallStateChanged, DtmfReceived, Event, UtteranceFinished
+from gateway.agents.base import CallHandle
+from gateway.call.control import CallStateChanged, DtmfReceived, Event, UtteranceFinished
 from voxgate.contract.config import IvrConfig
 
 

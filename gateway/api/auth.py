@@ -1,7 +1,7 @@
 """Control-API access rules that need no HTTP library: bind safety, bearer tokens, loopback names.
 
-Kept apart from ``gateway.api`` so configuration checks (``check_bind_safety``) can run before
-aiohttp is imported, e.g. while validating the config at start-up.
+Kept apart from ``gateway.api.routes`` so configuration checks (``check_bind_safety``) can run
+before aiohttp is imported, e.g. while validating the config at start-up.
 """
 
 from __future__ import annotations

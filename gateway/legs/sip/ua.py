@@ -18,8 +18,9 @@ import socket
 from dataclasses import dataclass, field
 
 from gateway import sdp
-from gateway.calls import Call, CallManager
-from gateway.control import Unavailable
+from gateway.call.calls import Call, CallManager
+from gateway.call.control import Unavailable
+from gateway.legs.sip.transport import SipTransport, local_ip_for
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
 from gateway.sip import (
     CancelReceived,
@@ -48,7 +49,6 @@ from gateway.sip import (
     uas_dialog_id,
 )
 from gateway.sip.message import Address
-from gateway.sip_transport import SipTransport, local_ip_for
 from voxgate.contract.config import GatewayConfig, parse_hostport
 
 log = logging.getLogger("voxgate.sip")

@@ -1,8 +1,8 @@
 """What the control API (HTTP + WebSocket events) drives: the gateway's calls, as one protocol.
 
-The HTTP layer (``gateway.api``) only translates requests into these calls and errors into
-status codes; the call logic lives behind ``CallControl`` (``gateway.calls``). Events are frozen
-dataclasses serialised with ``event_json``; every event names its call.
+The HTTP layer (``gateway.api.routes``) only translates requests into these calls and errors into
+status codes; the call logic lives behind ``CallControl`` (``gateway.call.calls``). Events are
+frozen dataclasses serialised with ``event_json``; every event names its call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The control API: HTTP endpoints and a WebSocket event feed over ``CallControl``.
 
 Handlers only parse, validate and translate: every call decision lives behind ``CallControl``
-(``gateway.calls``), and its ``ControlError``s become JSON errors with their own HTTP status.
+(``gateway.call.calls``), and its ``ControlError``s become JSON errors with their own HTTP status.
 
 Errors are always ``{"error": {"code": ..., "message": ...}}``. JSON bodies must be sent as
 ``Content-Type: application/json`` (415 otherwise) and are capped at 1 MiB (413); unknown fields
@@ -49,14 +49,14 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway.auth import (
+from gateway.api.auth import (
     UnsafeBindError,
     bearer_token,
     check_bind_safety,
     is_loopback_host,
     token_matches,
 )
-from gateway.control import (
+from gateway.call.control import (
     BadRequest,
     CallControl,
     ControlError,
@@ -241,7 +241,7 @@ def _origin_host(origin: str) -> str:
 
 async def json_object(request: web.Request) -> dict[str, object]:
     """The request's JSON object body, with the API's checks (Content-Type, size, shape);
-    shared with the routes other modules add (gateway.webrtc)."""
+    shared with the routes other modules add (gateway.legs.webrtc)."""
     ctype = request.content_type
     if ctype != "application/json" and not ctype.endswith("+json"):
         got = request.headers.get("Content-Type", "none")

@@ -19,11 +19,11 @@ from importlib import resources
 
 from aiohttp import web
 
-from gateway.api import HttpError, json_object
-from gateway.calls import CallManager
-from gateway.control import BadRequest
-from gateway.webrtc.leg import WebRtcLeg
-from gateway.webrtc.offer import OfferError, check_offer
+from gateway.api.routes import HttpError, json_object
+from gateway.call.calls import CallManager
+from gateway.call.control import BadRequest
+from gateway.legs.webrtc.leg import WebRtcLeg
+from gateway.legs.webrtc.offer import OfferError, check_offer
 from voxgate.contract.config import WebrtcConfig
 
 log = logging.getLogger("voxgate.webrtc")

@@ -47,9 +47,9 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpsender import RTCRtpSender
 
-from gateway.calls import DTMF_KEYS, Call
-from gateway.control import Event, event_json
-from gateway.webrtc.opus import MonoOpusEncoder
+from gateway.call.calls import DTMF_KEYS, Call
+from gateway.call.control import Event, event_json
+from gateway.legs.webrtc.opus import MonoOpusEncoder
 from voxgate.contract.config import WebrtcConfig
 
 log = logging.getLogger("voxgate.webrtc")
@@ -89,7 +89,7 @@ class AgentTrack(MediaStreamTrack):
         super().__init__()
         self._leg = leg
         self.rate = rate
-        # Opus: encoded here, inline (see gateway.webrtc.opus); G.711: aiortc encodes frames.
+        # Opus: encoded here, inline (see gateway.legs.webrtc.opus); G.711: aiortc encodes frames.
         self._opus = MonoOpusEncoder(rate) if opus else None
         self.spf = rate * FRAME_MS // 1000
         self._start: float | None = None

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 
+from gateway.legs.sip.transport import SipTransport
 from gateway.sip import (
     DigestAuthenticator,
     Headers,
@@ -29,7 +30,6 @@ from gateway.sip import (
 )
 from gateway.sip.events import Event
 from gateway.sip.message import Address
-from gateway.sip_transport import SipTransport
 
 log = logging.getLogger("voxgate.sip.register")
 

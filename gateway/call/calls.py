@@ -22,16 +22,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gateway.agent import Agent, AgentFactory
-from gateway.bargein import (
-    BargeInConfig,
-    BargeInDetector,
-    DetectorBank,
-    VadEvent,
-    run_batch,
-)
-from gateway.bargein import SpeechStarted as VadSpeechStarted
-from gateway.control import (
+from gateway.agents.base import Agent, AgentFactory
+from gateway.call.control import (
     BadRequest,
     BargeIn,
     CallInfo,
@@ -49,7 +41,15 @@ from gateway.control import (
     UtteranceStarted,
     WorkerStopped,
 )
-from gateway.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
+from gateway.media.bargein import (
+    BargeInConfig,
+    BargeInDetector,
+    DetectorBank,
+    VadEvent,
+    run_batch,
+)
+from gateway.media.bargein import SpeechStarted as VadSpeechStarted
+from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from voxgate.contract.chunker import Chunker

@@ -22,7 +22,7 @@ from gateway.legs.webrtc.service import WebRtcService
 from gateway.metrics import GatewayMetrics
 from gateway.rtp.endpoint import MediaTicker
 from gateway.sip import parse_uri
-from gateway.sip.events import Event as SipEvent
+from gateway.sip.events import SipEvent
 from voxgate.contract.bus.base import Bus
 from voxgate.contract.config import Config, parse_hostport
 from voxgate.contract.runtime import build_bus, install_stop_signals

@@ -7,10 +7,10 @@ what calls that have ended left behind. Latencies come from the call events
 (``CallManager.subscribe_events``: barge-in, worker stop, utterance outcomes) and one hook
 per utterance (time to first audio); nothing is counted on the media tick.
 
-Per-leg media counters: a leg may implement ``media_stats() -> dict[str, float]`` with the
-keys of ``MEDIA_COUNTERS`` (cumulative counts) and ``"jitter_buffer_ms"`` (depth now); missing
-keys count as 0 and legs without the method are skipped. When a call ends its last values are
-added to the totals, so counters never go backwards.
+Per-leg media counters: every leg implements ``media_stats() -> dict[str, float]`` (the
+``Leg`` protocol) with the keys of ``MEDIA_COUNTERS`` (cumulative counts) and
+``"jitter_buffer_ms"`` (depth now); missing keys count as 0. When a call ends its last values
+are added to the totals, so counters never go backwards.
 """
 
 from __future__ import annotations
@@ -21,20 +21,19 @@ import logging
 import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.call.calls import Call, CallManager
-from gateway.call.control import BargeIn, Event, Leg, UtteranceFinished, WorkerStopped
+from gateway.call.control import BargeIn, Event, LegKind, UtteranceFinished, WorkerStopped
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 
 log = logging.getLogger("voxgate.metrics")
 
-LEGS: tuple[str, ...] = typing.get_args(Leg)
+LEGS: tuple[str, ...] = typing.get_args(LegKind)
 # Cumulative per-leg media counters (``media_stats`` keys) -> exported counter name.
 MEDIA_COUNTERS: dict[str, tuple[str, str]] = {
     "packets_received": ("voxgate_rtp_packets_received", "RTP packets received from callers"),
@@ -75,13 +74,6 @@ STOP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0
 ONSET_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0)
 WORKER_STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 PENDING_TIMEOUT_S = 2.0
-
-
-@runtime_checkable
-class MediaStatsLeg(Protocol):
-    """What a leg implements to have its media counted (SIP: ``SipLeg``; WebRTC likewise)."""
-
-    def media_stats(self) -> dict[str, float]: ...
 
 
 def call_outcome(reason: str | None) -> str:
@@ -302,7 +294,7 @@ class GatewayMetrics:
 
 def leg_media_stats(call: Call) -> dict[str, float] | None:
     leg = call.leg
-    if not isinstance(leg, MediaStatsLeg):
+    if leg is None:
         return None
     try:
         return leg.media_stats()

@@ -46,19 +46,19 @@ from gateway.media.bargein import (
     BargeInDetector,
     DetectorBank,
     VadEvent,
+    VoiceStarted,
     run_batch,
 )
-from gateway.media.bargein import SpeechStarted as VadSpeechStarted
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from voxgate.contract.chunker import Chunker
 from voxgate.contract.config import BargeinSettings
+from voxgate.contract.dtmf import DTMF_KEYS
 from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.calls")
 
-DTMF_KEYS = frozenset("0123456789*#ABCD")
 # Per-subscriber event queue bound: a stuck consumer loses events, never stalls calls.
 EVENT_QUEUE = 1000
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
@@ -76,12 +76,18 @@ DETECT_BATCH_S = 0.008
 
 
 class Leg(Protocol):
-    """The signalling + media side of a call."""
+    """The signalling + media side of a call (``SipLeg``, ``WebRtcLeg``): everything a call,
+    the control API and the metrics ask of it."""
 
     async def hangup(self, reason: str) -> None:
         """End the call on the wire (BYE/CANCEL/close); the leg then calls ``Call.ended``."""
 
-    async def send_dtmf(self, digits: str) -> None: ...
+    async def send_dtmf(self, digits: str) -> None:
+        """Send keys to the far end (RFC 4733 events on SIP, the data channel on WebRTC)."""
+
+    def media_stats(self) -> dict[str, float]:
+        """Cumulative media counters for /metrics: packets_received, packets_lost,
+        late_sends, jitter_buffer_ms (keys a leg cannot measure are left out)."""
 
 
 class Call:
@@ -291,7 +297,7 @@ class Call:
         """The detector's events for this call's frames (from the batch, see
         :meth:`CallManager.flush_detection`)."""
         for ev in events:
-            if isinstance(ev, VadSpeechStarted):
+            if isinstance(ev, VoiceStarted):
                 self._speech_onset = ev.onset_sample
                 self._barge_in(ev.onset_sample, ev.decision_sample)
                 self.emit(SpeechStarted(self.id))
@@ -361,8 +367,9 @@ class Call:
         self.manager.publish(event)
         for listener in self.listeners:
             listener(event)
-        # Agents get what they act on (DTMF, speech, utterance ends), not their own echoes.
-        if self.agent is not None and not isinstance(event, CallStateChanged | UtteranceStarted):
+        # Agents get what they act on (DTMF, speech, utterance ends, state changes: the
+        # interface promises them), not the echo of their own say().
+        if self.agent is not None and not isinstance(event, UtteranceStarted):
             self._agent_queue.put_nowait(event)
 
     def _on_playout(self, events: list[PlayoutEvent]) -> None:
@@ -587,7 +594,7 @@ class CallManager:
         return await self._call(call_id).say_stream(chunks)
 
     async def send_dtmf(self, call_id: str, digits: str) -> None:
-        bad = sorted(set(digits) - DTMF_KEYS)
+        bad = sorted(set(digits) - set(DTMF_KEYS))
         if not digits or bad:
             raise BadRequest(f"digits must be 0-9 * # A-D; got {digits!r}")
         call = self._call(call_id)

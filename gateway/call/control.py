@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 
 CallState = Literal["ringing", "answered", "held", "ended"]
 Direction = Literal["inbound", "outbound"]
-Leg = Literal["sip", "webrtc"]
+LegKind = Literal["sip", "webrtc"]
 
 
 class ControlError(Exception):
@@ -62,7 +62,7 @@ class Conflict(ControlError):
 @dataclass(frozen=True, slots=True)
 class CallInfo:
     id: str
-    leg: Leg
+    leg: LegKind
     direction: Direction
     state: CallState
     remote: str  # From (inbound) or To (outbound) URI, or the browser's address

@@ -6,8 +6,8 @@ Sans-I/O, synchronous, explicit state.  The gateway feeds two streams on one med
 * :meth:`BargeInDetector.far_end` — the agent audio exactly as sent (silence frames too);
 * :meth:`BargeInDetector.near_end` — the caller audio as received and decoded.
 
-``near_end`` returns :class:`SpeechStarted` / :class:`SpeechStopped` events.  A
-``SpeechStarted`` while the agent is playing is the barge-in: the gateway then calls
+``near_end`` returns :class:`VoiceStarted` / :class:`VoiceStopped` events.  A
+``VoiceStarted`` while the agent is playing is the barge-in: the gateway then calls
 ``Call.interrupt()`` (fade to zero, cancel synthesis).  The decision is taken here; the fade is
 not.  :func:`detect` is the one-shot twin (same events for any chunking of the same audio).
 
@@ -64,11 +64,11 @@ Per analysis frame (``frame_ms``; 10 ms default) both streams are reduced to ban
    still reach it; a caller's frame must not).
 6. **Decision**: a run of evidence frames (gaps up to ``max_gap_ms`` tolerated without losing
    what was gathered: double talk makes evidence patchy, and "Ex-cuse" has a 40 ms consonant
-   gap) reaching ``min_speech_ms`` with a strong frame → :class:`SpeechStarted`, the onset at
+   gap) reaching ``min_speech_ms`` with a strong frame → :class:`VoiceStarted`, the onset at
    the run's first frame.  *Clear* frames (the caller share met ``clear_margin_db`` above the
    expected echo) count ``min_speech_ms / fast_speech_ms`` times, so clear evidence decides
    after ``fast_speech_ms`` (40 ms): a short loud first syllable is enough.  ``hangover_ms``
-   without evidence → :class:`SpeechStopped`.
+   without evidence → :class:`VoiceStopped`.
 
 Measured on the tests' synthetic calls (Piper agent at −18 dBFS, a higher-pitched caller at
 −20 dBFS, echo through a dispersive hybrid + reverberant path and G.711, −60 dBFS line noise):
@@ -215,7 +215,7 @@ class BargeInConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class SpeechStarted:
+class VoiceStarted:
     """Caller speech confirmed.  ``onset_sample``: media time where the caller's speech began
     (start of the first evidence frame); ``decision_sample``: media time at which it was
     confirmed (end of the frame that confirmed it).  onset→decision is the detection delay."""
@@ -229,7 +229,7 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True, slots=True)
-class SpeechStopped:
+class VoiceStopped:
     """Caller speech ended.  ``end_sample``: end of the last evidence frame;
     ``decision_sample``: end of the frame that completed the hangover."""
 
@@ -241,7 +241,7 @@ class SpeechStopped:
             raise ValueError("decision_sample must not precede end_sample")
 
 
-VadEvent = SpeechStarted | SpeechStopped
+VadEvent = VoiceStarted | VoiceStopped
 
 
 class _Analyzer:
@@ -877,7 +877,7 @@ class BargeInDetector:
 
     @property
     def speaking(self) -> bool:
-        """True between a :class:`SpeechStarted` and the following :class:`SpeechStopped`."""
+        """True between a :class:`VoiceStarted` and the following :class:`VoiceStopped`."""
         return self._speaking
 
     @property
@@ -959,7 +959,7 @@ class BargeInDetector:
             if self._silent_frames >= self._hang:
                 self._speaking = False
                 self._run_onset = -1
-                return SpeechStopped(self._last_speech_end, end)
+                return VoiceStopped(self._last_speech_end, end)
             return None
         if evidence:
             if self._run_onset < 0:
@@ -971,7 +971,7 @@ class BargeInDetector:
                 self._speaking = True
                 self._last_speech_end = end
                 self._silent_frames = 0
-                return SpeechStarted(self._run_onset, end)
+                return VoiceStarted(self._run_onset, end)
         elif self._run_onset >= 0:
             self._run_gap += 1
             if self._run_gap > self._max_gap:

@@ -1,7 +1,7 @@
 """Agent audio playout for one call: the sans-I/O join between the bus and the RTP pacer.
 
 Bus messages go in with ``on_message``; the pacer takes exactly one frame of PCM per tick with
-``pull(n)``. The rules (DESIGN.md, "What crosses Redis"):
+``pull(n)``. The rules (the bus contract, voxgate/contract/bus/schema.py):
 - utterances play in the order they were queued; a chunk plays only if its utterance is known and
   not stopped, and its ``seq`` is the next one expected — an earlier seq (a claimed request being
   re-rendered from the start by another worker) is dropped, a later one held until the gap fills;

@@ -25,8 +25,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from gateway.rtp.packet import RtpPacket, ts_diff
+from voxgate.contract.dtmf import DTMF_KEYS
 
-DIGITS = "0123456789*#ABCD"
+DIGITS = DTMF_KEYS  # index = RFC 4733 event code
 FLASH = "!"  # event 16 (hook flash), RFC 4733 §3.2
 _EVENT = struct.Struct("!BBH")
 MAX_DURATION = 0xFFFF  # §2.3.5: 16-bit duration in timestamp units

@@ -225,7 +225,7 @@ class Pacer:
     def barge_in(self, fade_ms: float = 10.0) -> int:
         """Cosine-fade the next ``fade_ms`` of queued audio to zero and drop the rest.
 
-        Returns the number of samples dropped.  DESIGN: barge-in fades the ≤10 ms next in the
+        Returns the number of samples dropped.  Barge-in fades the ≤10 ms next in the
         queue, never a hard cut.
         """
         n = min(int(fade_ms * self.clock_rate / 1000), len(self._queue))

@@ -106,7 +106,7 @@ class MalformedMessage:
     addr: Address
 
 
-Event = (
+SipEvent = (
     Transmit
     | RequestReceived
     | CancelReceived

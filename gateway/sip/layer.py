@@ -24,10 +24,10 @@ from collections import deque
 from gateway.sip.errors import SipParseError
 from gateway.sip.events import (
     CancelReceived,
-    Event,
     MalformedMessage,
     RequestReceived,
     ResponseReceived,
+    SipEvent,
     TransactionTerminated,
     Transmit,
 )
@@ -98,11 +98,11 @@ class TransactionLayer:
         self._accepted: dict[tuple[str, int, str, str], InviteServerTransaction] = {}
         # (From tag, Call-ID, CSeq) of live server transactions, for §8.2.2.2.
         self._merge: dict[tuple[str, str, str], str] = {}
-        self._events: deque[Event] = deque()
+        self._events: deque[SipEvent] = deque()
 
     # --- the aioquic-style surface ----------------------------------------------------------
 
-    def next_event(self) -> Event | None:
+    def next_event(self) -> SipEvent | None:
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> float | None:
@@ -211,7 +211,7 @@ class TransactionLayer:
 
     # --- internals used by the transactions --------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
+    def _emit(self, event: SipEvent) -> None:
         self._events.append(event)
 
     def _transmit(self, data: bytes, addr: Address, reliable: bool) -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from gateway.sip.events import (
-    Event,
     RequestReceived,
     ResponseReceived,
+    SipEvent,
     TransactionTimeout,
     TransportError,
 )
@@ -57,7 +57,7 @@ class TransactionOwner(Protocol):
     @property
     def config(self) -> TimerConfig: ...
 
-    def _emit(self, event: Event) -> None: ...
+    def _emit(self, event: SipEvent) -> None: ...
 
     def _transmit(self, data: bytes, addr: Address, reliable: bool) -> None: ...
 

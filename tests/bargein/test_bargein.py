@@ -13,9 +13,9 @@ import pytest
 from gateway.media.bargein import (
     BargeInConfig,
     BargeInDetector,
-    SpeechStarted,
-    SpeechStopped,
     VadEvent,
+    VoiceStarted,
+    VoiceStopped,
     detect,
 )
 from tests.bargein import audio as A
@@ -29,12 +29,12 @@ NOISE_DB = -60.0
 NO_FAR = np.zeros(0, dtype=np.int16)
 
 
-def starts(events: list[VadEvent]) -> list[SpeechStarted]:
-    return [e for e in events if isinstance(e, SpeechStarted)]
+def starts(events: list[VadEvent]) -> list[VoiceStarted]:
+    return [e for e in events if isinstance(e, VoiceStarted)]
 
 
-def stops(events: list[VadEvent]) -> list[SpeechStopped]:
-    return [e for e in events if isinstance(e, SpeechStopped)]
+def stops(events: list[VadEvent]) -> list[VoiceStopped]:
+    return [e for e in events if isinstance(e, VoiceStopped)]
 
 
 def agent_segment(cell: int) -> A.FloatArray:
@@ -86,9 +86,9 @@ def test_config_rejects_bad_values(kwargs: dict[str, int]) -> None:
 
 def test_events_validate_order() -> None:
     with pytest.raises(ValueError):
-        SpeechStarted(onset_sample=100, decision_sample=99)
+        VoiceStarted(onset_sample=100, decision_sample=99)
     with pytest.raises(ValueError):
-        SpeechStopped(end_sample=100, decision_sample=99)
+        VoiceStopped(end_sample=100, decision_sample=99)
 
 
 def test_rejects_non_int16() -> None:
@@ -118,7 +118,7 @@ def test_caller_alone_started_and_stopped(level: float) -> None:
         assert abs(st[0].onset_sample - pre) <= tol
         assert st[0].decision_sample - pre <= cfg.min_speech_ms * MS + tol
         # Events alternate, and every stop comes exactly one hangover after the last speech.
-        assert [type(e) for e in ev] == [SpeechStarted, SpeechStopped] * len(st)
+        assert [type(e) for e in ev] == [VoiceStarted, VoiceStopped] * len(st)
         for e in sp:
             assert e.decision_sample - e.end_sample == cfg.hangover_ms * MS
         # The reported end trails the true one by webrtcvad's own hangover (up to ~90 ms at
@@ -138,7 +138,7 @@ def test_wideband_leg() -> None:
         ev = detect(A.to_s16(x), NO_FAR, BargeInConfig(rate=rate, frame_ms=20))
         st = starts(ev)
         assert len(st) == 1 and abs(st[0].onset_sample - pre) <= 30 * rate // 1000
-        assert isinstance(ev[-1], SpeechStopped)
+        assert isinstance(ev[-1], VoiceStopped)
 
 
 # -- (2) echo only -----------------------------------------------------------------------------
@@ -307,9 +307,9 @@ def test_media_clock_offset_and_gaps(double_talk_cell: tuple[np.ndarray, np.ndar
         det.far_end(far[s : s + 160], at_sample=off + s)
         got += det.near_end(near[s : s + 160], off + s)
     shifted = [
-        SpeechStarted(e.onset_sample + off, e.decision_sample + off)
-        if isinstance(e, SpeechStarted)
-        else SpeechStopped(e.end_sample + off, e.decision_sample + off)
+        VoiceStarted(e.onset_sample + off, e.decision_sample + off)
+        if isinstance(e, VoiceStarted)
+        else VoiceStopped(e.end_sample + off, e.decision_sample + off)
         for e in expected
     ]
     assert got == shifted
@@ -333,10 +333,10 @@ def test_properties_report_state(double_talk_cell: tuple[np.ndarray, np.ndarray]
     for s in range(0, near.size, 160):
         det.far_end(far[s : s + 160])
         ev = det.near_end(near[s : s + 160], s)
-        if ev and isinstance(ev[-1], SpeechStarted):
+        if ev and isinstance(ev[-1], VoiceStarted):
             assert det.speaking
             was_speaking = True
-        if ev and isinstance(ev[-1], SpeechStopped):
+        if ev and isinstance(ev[-1], VoiceStopped):
             assert not det.speaking
     assert was_speaking
     assert det.echo_delay_ms == 60.0

@@ -75,7 +75,7 @@ def test_a_batch_gives_each_call_what_it_gets_alone() -> None:
         assert events[i] == want, f"call {i}"
         # The last share of each batch step equals the one the lone detector had then.
         assert shares[i][-1] == pytest.approx(want_shares[-1], abs=1e-12)
-        found += sum(1 for e in want if type(e).__name__ == "SpeechStarted")
+        found += sum(1 for e in want if type(e).__name__ == "VoiceStarted")
     assert found >= 3  # the scenes do contain barge-ins (the comparison is not vacuous)
 
 

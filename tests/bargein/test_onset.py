@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gateway.media.bargein import BargeInConfig, SpeechStarted, VadEvent, detect
+from gateway.media.bargein import BargeInConfig, VadEvent, VoiceStarted, detect
 from tests.bargein import audio as A
 
 RATE = A.RATE
@@ -41,8 +41,8 @@ WEAK_START = (
 )
 
 
-def starts(events: list[VadEvent]) -> list[SpeechStarted]:
-    return [e for e in events if isinstance(e, SpeechStarted)]
+def starts(events: list[VadEvent]) -> list[VoiceStarted]:
+    return [e for e in events if isinstance(e, VoiceStarted)]
 
 
 @functools.cache

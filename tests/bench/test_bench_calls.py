@@ -17,16 +17,7 @@ pytestmark = [
 ]
 
 
-def _command() -> list[str]:
-    """``voxgate bench calls`` once the command is registered, else the module entry point."""
-    from voxgate.cli import build_parser
-
-    parser = build_parser()
-    try:
-        parser.parse_args(["bench", "calls", "--quick"])
-    except SystemExit:
-        return [sys.executable, "-m", "voxgate.bench.commands"]
-    return [sys.executable, "-m", "voxgate.cli", "bench", "calls"]
+COMMAND = [sys.executable, "-m", "voxgate.cli", "bench", "calls"]
 
 
 def _pct(d: dict[str, Any]) -> None:
@@ -39,7 +30,7 @@ def _pct(d: dict[str, Any]) -> None:
 @pytest.mark.timeout(120)
 def test_bench_calls_quick_json() -> None:
     out = subprocess.run(
-        [*_command(), "--quick", "--json"], capture_output=True, text=True, timeout=110
+        [*COMMAND, "--quick", "--json"], capture_output=True, text=True, timeout=110
     )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)

@@ -33,7 +33,7 @@ def backend(engine: OnnxEngine) -> OnnxBackend:
 
 def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     noise = float(np.sum((ref - test) ** 2))
-    return 10 * np.log10(float(np.sum(ref**2)) / max(noise, 1e-30))
+    return float(10 * np.log10(float(np.sum(ref**2)) / max(noise, 1e-30)))
 
 
 def test_is_an_engine(engine: OnnxEngine) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ TEXT = "Thank you for calling. Your appointment is on Tuesday, at three thirty."
 
 def snr_db(ref: np.ndarray[Any, Any], x: np.ndarray[Any, Any]) -> float:
     err = float(np.sum((ref.astype(np.float64) - x) ** 2))
-    return 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(err, 1e-30))
+    return float(10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(err, 1e-30)))
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,7 @@ def test_stream_equals_synthesize_and_counts_streams(engine: TorchEngine) -> Non
     assert chunks[-1].final and len(chunks) > 2
     assert snr_db(whole, np.concatenate([c.audio for c in chunks])) >= 60.0
     gen = engine.stream(LONG)
+    assert isinstance(gen, Generator)
     next(gen)
     assert engine.active_streams == 1
     gen.close()

@@ -23,7 +23,7 @@ TEXT = "Thank you for calling. Your appointment is on Tuesday, at three thirty."
 
 def snr_db(ref: np.ndarray[Any, Any], x: np.ndarray[Any, Any]) -> float:
     err = float(np.sum((ref.astype(np.float64) - x) ** 2))
-    return 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(err, 1e-30))
+    return float(10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / max(err, 1e-30)))
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,8 @@ def test_noise_is_passed_in(loaded: Any, ids: list[int]) -> None:
 def _edited(voice: Voice, edit: Any) -> onnx.ModelProto:
     model = copy.deepcopy(voice.model)
     edit(model.graph)
-    return model
+    out: onnx.ModelProto = model
+    return out
 
 
 def test_refuses_leftover_missing_and_misshapen_tensors(voice: Voice) -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from gateway.agents.base import CallHandle
 from gateway.agents.ivr import IvrAgent
 from gateway.call.calls import Call, CallManager
 from gateway.call.control import (
@@ -38,6 +39,9 @@ class FakeLeg:
 
     async def send_dtmf(self, digits: str) -> None:
         self.dtmf.append(digits)
+
+    def media_stats(self) -> dict[str, float]:
+        return {}
 
 
 @pytest.fixture
@@ -158,3 +162,39 @@ async def test_utterances_no_worker_answers_are_given_up(bus: Bus) -> None:
     assert call.info.state != "ended"  # the call itself goes on
     await call.hangup()
 
+
+
+class RecordingAgent:
+    """An agent that only records what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ended = asyncio.Event()
+
+    async def on_start(self, call: CallHandle) -> None:
+        await call.say("Hello.")
+
+    async def on_event(self, call: CallHandle, event: Event) -> None:
+        self.events.append(event)
+
+    async def on_end(self, call: CallHandle) -> None:
+        self.ended.set()
+
+
+async def test_agents_hear_state_changes_but_not_their_own_utterance_starts(
+    manager: CallManager,
+) -> None:
+    call = manager.new_call("sip", "inbound", "sip:alice@example.com", "sip:ivr@gw")
+    call.leg = FakeLeg(call)
+    call.set_state("answered")
+    agent = RecordingAgent()
+    await call.start(agent)
+    await tick(call, 100)
+    call.on_dtmf("5")
+    await call.hangup("test")
+    await asyncio.wait_for(agent.ended.wait(), 5)
+    kinds = [type(e).__name__ for e in agent.events]
+    assert "UtteranceFinished" in kinds and "DtmfReceived" in kinds, kinds
+    assert "UtteranceStarted" not in kinds, kinds  # the echo of its own say()
+    states = [e.state for e in agent.events if isinstance(e, CallStateChanged)]
+    assert states == ["ended"], states  # answered came before the agent started

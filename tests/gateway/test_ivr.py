@@ -24,7 +24,10 @@ class RecordingCall:
     def info(self) -> CallInfo:
         return CallInfo("call-1", "sip", "inbound", "answered", "sip:a@b", "sip:c@d", 0.0)
 
-    async def say(self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True) -> str:
+    async def say(
+        self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True,
+        barge_in: bool = True,
+    ) -> str:
         utt = f"u{next(self._ids)}"
         self.said.append((utt, text, interrupt))
         return utt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.media.playout import Playout, PlayoutFinished, PlayoutStarted
+from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.schema import AudioChunk, UtteranceEnd, UtteranceError, Word
 
 
@@ -15,8 +15,9 @@ def chunk(
     return AudioChunk("c", utt, seq, 8000, data, words=words)
 
 
-def drain(p: Playout, frames: int, n: int = 160) -> tuple[np.ndarray, list[object]]:
-    out, events = [], []
+def drain(p: Playout, frames: int, n: int = 160) -> tuple[np.ndarray, list[PlayoutEvent]]:
+    out: list[np.ndarray] = []
+    events: list[PlayoutEvent] = []
     for _ in range(frames):
         pcm, ev = p.pull(n)
         out.append(pcm)

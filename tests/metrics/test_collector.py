@@ -31,9 +31,14 @@ class FakeLeg:
 
 
 class NoStatsLeg:
+    """A leg that measures nothing (its media_stats is empty)."""
+
     async def hangup(self, reason: str) -> None: ...
 
     async def send_dtmf(self, digits: str) -> None: ...
+
+    def media_stats(self) -> dict[str, float]:
+        return {}
 
 
 async def render(m: GatewayMetrics) -> Scrape:

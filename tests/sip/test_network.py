@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from gateway.sip.dialog import Dialog, make_dialog_response
 from gateway.sip.events import (
-    Event,
     RequestReceived,
     ResponseReceived,
+    SipEvent,
     TransactionTimeout,
     Transmit,
 )
@@ -26,7 +26,7 @@ LATENCY = 0.02
 class Network:
     def __init__(self, drop: Callable[[int, bytes], bool]) -> None:
         self.nodes: dict[Address, TransactionLayer] = {}
-        self.handlers: dict[Address, Callable[[Event, float], None]] = {}
+        self.handlers: dict[Address, Callable[[SipEvent, float], None]] = {}
         self.in_flight: list[tuple[float, int, bytes, Address, Address]] = []
         self.sent = 0
         self.drop = drop
@@ -34,7 +34,7 @@ class Network:
         self.log: list[tuple[float, str]] = []
 
     def add(
-        self, addr: Address, layer: TransactionLayer, handler: Callable[[Event, float], None]
+        self, addr: Address, layer: TransactionLayer, handler: Callable[[SipEvent, float], None]
     ) -> None:
         self.nodes[addr] = layer
         self.handlers[addr] = handler
@@ -91,7 +91,7 @@ def call(drop: Callable[[int, bytes], bool]) -> tuple[Network, dict[str, object]
     invite = request("INVITE", branch="z9hG4bKcall1")
     bob_contact = NameAddr(parse_uri("sip:bob@192.0.2.20:5060"))
 
-    def alice_tu(event: Event, now: float) -> None:
+    def alice_tu(event: SipEvent, now: float) -> None:
         state["alice_events"].append(event)  # type: ignore[attr-defined]
         if isinstance(event, ResponseReceived) and event.response.status == 200:
             if event.response.cseq.method == "INVITE":
@@ -106,7 +106,7 @@ def call(drop: Callable[[int, bytes], bool]) -> tuple[Network, dict[str, object]
             else:
                 state["bye_done"] = now
 
-    def bob_tu(event: Event, now: float) -> None:
+    def bob_tu(event: SipEvent, now: float) -> None:
         state["bob_events"].append(event)  # type: ignore[attr-defined]
         if not isinstance(event, RequestReceived):
             return

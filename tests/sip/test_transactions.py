@@ -6,10 +6,10 @@ import pytest
 
 from gateway.sip.events import (
     CancelReceived,
-    Event,
     MalformedMessage,
     RequestReceived,
     ResponseReceived,
+    SipEvent,
     TransactionTerminated,
     TransactionTimeout,
     Transmit,
@@ -23,16 +23,16 @@ from gateway.sip.transaction import SipStateError, State, TimerConfig
 from .util import ALICE, BOB, drain, request, sent_messages, transmits
 
 
-def run(layer: TransactionLayer, until: float) -> list[tuple[float, Event]]:
+def run(layer: TransactionLayer, until: float) -> list[tuple[float, SipEvent]]:
     """Fire every timer up to ``until`` at its exact deadline; return (time, event) pairs."""
-    out: list[tuple[float, Event]] = []
+    out: list[tuple[float, SipEvent]] = []
     while (t := layer.get_timer()) is not None and t <= until:
         layer.handle_timer(t)
         out.extend((t, e) for e in drain(layer))
     return out
 
 
-def times(events: list[tuple[float, Event]], kind: type) -> list[float]:
+def times(events: list[tuple[float, SipEvent]], kind: type) -> list[float]:
     return [round(t, 6) for t, e in events if isinstance(e, kind)]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.sip.events import Event, Transmit
+from gateway.sip.events import SipEvent, Transmit
 from gateway.sip.headers import Headers
 from gateway.sip.layer import TransactionLayer
 from gateway.sip.message import Request, parse
@@ -39,16 +39,16 @@ def request(
     return Request(method, parse_uri(uri), h, body)
 
 
-def drain(layer: TransactionLayer) -> list[Event]:
-    out: list[Event] = []
+def drain(layer: TransactionLayer) -> list[SipEvent]:
+    out: list[SipEvent] = []
     while (event := layer.next_event()) is not None:
         out.append(event)
     return out
 
 
-def transmits(events: list[Event]) -> list[Transmit]:
+def transmits(events: list[SipEvent]) -> list[Transmit]:
     return [e for e in events if isinstance(e, Transmit)]
 
 
-def sent_messages(events: list[Event]) -> list[object]:
+def sent_messages(events: list[SipEvent]) -> list[object]:
     return [parse(t.data) for t in transmits(events)]

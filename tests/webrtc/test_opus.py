@@ -34,10 +34,10 @@ def test_round_trip_keeps_the_signal(rate: int) -> None:
     t = np.arange(n * 100) / rate
     # A voiced-speech stand-in: 180 Hz with harmonics, amplitude-modulated at 4 Hz.
     x = sum(np.sin(2 * np.pi * 180 * k * t) / k for k in range(1, 12))
-    x = (x * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)) * 6000).astype(np.int16)
+    pcm = (x * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)) * 6000).astype(np.int16)
     packets = []
     for i in range(100):
-        p = enc.encode(x[i * n : (i + 1) * n], i * n)
+        p = enc.encode(pcm[i * n : (i + 1) * n], i * n)
         assert p.pts == i * n and p.time_base == fractions.Fraction(1, rate)
         packets.append(bytes(p))
     assert all(0 < len(p) < 200 for p in packets)  # ~32 kbit/s: 80 bytes a frame
@@ -45,7 +45,7 @@ def test_round_trip_keeps_the_signal(rate: int) -> None:
     # Decoded at 48 kHz: compare levels and the 180 Hz fundamental's share, after the codec's
     # start-up (first 100 ms).
     y = y[4800:]
-    ref = np.interp(np.arange(len(y)) / 48000, t, x.astype(np.float64))[: len(y)]
+    ref = np.interp(np.arange(len(y)) / 48000, t, pcm.astype(np.float64))[: len(y)]
     level = np.sqrt(np.mean(y**2)) / np.sqrt(np.mean(ref**2))
     assert 0.7 < level < 1.3
     spec = np.abs(np.fft.rfft(y * np.hanning(len(y))))

@@ -12,7 +12,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
 from dsp.wideband import wideband
-from gateway.call.control import BargeIn, DtmfReceived, UtteranceStarted
+from gateway.call.control import BargeIn, DtmfReceived, UtteranceFinished, UtteranceStarted
 from synth.engines.base import Engine
 from tests.waiting import wait_for
 from voxgate.bench.localgw import local_gateway
@@ -58,7 +58,7 @@ async def test_greeting_keypad_and_hangup(engine: Engine) -> None:
 
         await client.hangup()
         await wait_for(lambda: call_id not in lg.gw.manager.calls, timeout=3)
-        assert call.info.state == "ended" and call.info.end_reason == "remote hangup"
+        assert (call.info.state, call.info.end_reason) == ("ended", "remote hangup")
 
 
 async def test_g711_only_browser_gets_pcmu(engine: Engine) -> None:
@@ -156,7 +156,10 @@ async def test_caller_speech_stops_the_agent(engine: Engine) -> None:
         await asyncio.sleep(0.8)
         after = client.heard.rms_since(t)
         assert after < greeting_rms / 30, (after, greeting_rms)
-        finished = [e for e in call.history if getattr(e, "outcome", None) == "interrupted"]
+        finished = [
+            e for e in call.history
+            if isinstance(e, UtteranceFinished) and e.outcome == "interrupted"
+        ]
         assert finished and finished[0].heard  # which words the caller heard
         assert not any(
             isinstance(e, UtteranceStarted) and e.ts > msg["ts"] for e in call.history

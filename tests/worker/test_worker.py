@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,10 +49,10 @@ async def running(worker: Worker) -> AsyncIterator[Worker]:
         await asyncio.wait_for(task, 10)
 
 
-def req(text: str, call: str | None = None, **kw: object) -> SpeakRequest:
+def req(text: str, call: str | None = None, **kw: Any) -> SpeakRequest:
     return SpeakRequest(
         call_id=call or uuid.uuid4().hex[:8], utterance_id=uuid.uuid4().hex, text=text, **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 async def collect(bus: Bus, r: SpeakRequest, timeout: float = 10.0) -> list[AudioMessage]:
@@ -125,7 +126,7 @@ async def test_wideband_request_may_ask_for_its_rate(bus: Bus) -> None:
     ],
 )
 async def test_bad_requests_get_errors_and_the_worker_keeps_serving(
-    bus: Bus, text: str, kw: dict[str, object], code: str
+    bus: Bus, text: str, kw: dict[str, Any], code: str
 ) -> None:
     async with running(Worker(bus, ToneEngine(fail_on="boom"), name="w1", max_text_chars=5000)):
         msgs = await collect(bus, req(text, **kw))

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from voxgate.contract.dtmf import is_dtmf_key
+
 # The subcommand registry every package adds its commands to (argparse's private type).
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -194,7 +196,7 @@ class IvrConfig:
 
     def validate(self) -> None:
         for digit in [*self.menu, *self.hangup_digits, *self.repeat_digit]:
-            if len(digit) != 1 or digit not in "0123456789*#ABCD":
+            if not is_dtmf_key(digit):
                 raise ConfigError(f"ivr.menu: {digit!r} is not a DTMF key (0-9 * # A-D)")
         for digit in self.hangup_digits:
             if digit not in self.menu:

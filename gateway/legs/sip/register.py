@@ -28,7 +28,7 @@ from gateway.sip import (
     generate_tag,
     parse_uri,
 )
-from gateway.sip.events import Event
+from gateway.sip.events import SipEvent
 from gateway.sip.message import Address
 
 log = logging.getLogger("voxgate.sip.register")
@@ -114,7 +114,7 @@ class Registrar:
             await self.wait(timeout)
 
     # --- responses -----------------------------------------------------------------------
-    def on_event(self, event: Event) -> bool:
+    def on_event(self, event: SipEvent) -> bool:
         """Handle ``event`` if it is about our REGISTER; True when consumed."""
         if isinstance(event, ResponseReceived) and event.transaction_id == self.tid:
             self._on_response(event)

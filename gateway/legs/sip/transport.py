@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.sip import (
-    Event,
     Request,
     Response,
+    SipEvent,
     SipParseError,
     StreamFramer,
     TransactionLayer,
@@ -44,7 +44,7 @@ class _Udp(asyncio.DatagramProtocol):
 
 
 class SipTransport:
-    def __init__(self, layer: TransactionLayer, handler: Callable[[Event], None]) -> None:
+    def __init__(self, layer: TransactionLayer, handler: Callable[[SipEvent], None]) -> None:
         self.layer = layer
         self.handler = handler
         self._loop = asyncio.get_running_loop()

@@ -26,13 +26,13 @@ from gateway.sip import (
     CancelReceived,
     Dialog,
     DigestAuthenticator,
-    Event,
     Headers,
     NameAddr,
     Request,
     RequestReceived,
     Response,
     ResponseReceived,
+    SipEvent,
     SipParseError,
     SipUri,
     TransactionLayer,
@@ -50,6 +50,7 @@ from gateway.sip import (
 )
 from gateway.sip.message import Address
 from voxgate.contract.config import GatewayConfig, parse_hostport
+from voxgate.contract.dtmf import is_dtmf_key
 
 log = logging.getLogger("voxgate.sip")
 
@@ -195,7 +196,7 @@ class SipUA:
             self.transport.send_response(tid, response)
 
     # --- events from the transaction layer -----------------------------------------------
-    def _on_event(self, event: Event) -> None:
+    def _on_event(self, event: SipEvent) -> None:
         if isinstance(event, RequestReceived):
             self._on_request(event)
         elif isinstance(event, CancelReceived):
@@ -505,7 +506,7 @@ class SipUA:
         leg.call.set_state("answered")
         self._spawn(leg.call.start(self.manager.agent_for(leg.call)))
 
-    def _on_failure(self, tid: str, event: Event) -> None:
+    def _on_failure(self, tid: str, event: SipEvent) -> None:
         leg = self.client_invites.pop(tid, None)
         if leg is not None and not leg.answered:
             self._spawn(
@@ -557,7 +558,7 @@ def info_dtmf(req: Request) -> str | None:
     else:
         return None
     digit = {"10": "*", "11": "#"}.get(digit, digit).upper()
-    return digit if len(digit) == 1 and digit in "0123456789*#ABCD" else None
+    return digit if is_dtmf_key(digit) else None
 
 
 def attach_source(endpoint: RtpEndpoint, call: Call) -> None:

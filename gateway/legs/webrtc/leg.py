@@ -47,10 +47,11 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpsender import RTCRtpSender
 
-from gateway.call.calls import DTMF_KEYS, Call
+from gateway.call.calls import Call
 from gateway.call.control import Event, event_json
 from gateway.legs.webrtc.opus import MonoOpusEncoder
 from voxgate.contract.config import WebrtcConfig
+from voxgate.contract.dtmf import is_dtmf_key
 
 log = logging.getLogger("voxgate.webrtc")
 
@@ -275,7 +276,7 @@ class WebRtcLeg:
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind == "dtmf":
             digit = msg.get("digit") if isinstance(msg, dict) else None
-            if isinstance(digit, str) and len(digit) == 1 and digit in DTMF_KEYS:
+            if is_dtmf_key(digit):
                 duration = msg.get("duration_ms", 100) if isinstance(msg, dict) else 100
                 ms = int(duration) if isinstance(duration, int | float) else 100
                 self.call.on_dtmf(digit, max(0, min(ms, 5000)), source="datachannel")

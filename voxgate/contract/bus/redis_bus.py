@@ -123,10 +123,6 @@ class RedisBus(Bus):
         self._reader_healthy = True
 
     # --- keys -------------------------------------------------------------------------------
-    @property
-    def _req_key(self) -> str:  # the spelling tests/worker uses
-        return self.request_stream
-
     def audio_stream(self, call_id: str) -> str:
         return f"{self.prefix}:synth:audio:{call_id}"
 

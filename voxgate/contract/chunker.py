@@ -1,8 +1,8 @@
 """Incremental text chunker: cuts text arriving token by token into pieces to synthesize.
 
 Rules (from the streaming-TTS source documents): the first chunk ends at the first clause
-boundary (comma, colon, semicolon, dash) or after ``first_max_words`` words, whichever comes first, so the caller
-hears something early; later chunks end at sentence boundaries (. ! ? and newlines); no chunk is
+boundary (comma, colon, semicolon, dash) or after ``first_max_words`` words, whichever comes
+first, so the caller hears something early; later chunks end at sentence boundaries (. ! ? and newlines); no chunk is
 longer than ``max_words`` — a long sentence is cut at its last clause boundary before the limit,
 else at the limit.
 

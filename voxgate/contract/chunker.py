@@ -2,9 +2,9 @@
 
 Rules (from the streaming-TTS source documents): the first chunk ends at the first clause
 boundary (comma, colon, semicolon, dash) or after ``first_max_words`` words, whichever comes
-first, so the caller hears something early; later chunks end at sentence boundaries (. ! ? and newlines); no chunk is
-longer than ``max_words`` — a long sentence is cut at its last clause boundary before the limit,
-else at the limit.
+first, so the caller hears something early; later chunks end at sentence boundaries (. ! ? and
+newlines); no chunk is longer than ``max_words`` — a long sentence is cut at its last clause
+boundary before the limit, else at the limit.
 
 ``Chunker.feed`` emits a chunk only once it is certain: a "." is a sentence end only after the
 next character shows it is not a decimal point ("3.5") or part of an address, and after an

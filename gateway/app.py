@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gateway.agents.ivr import IvrAgent
 from gateway.api.routes import check_bind_safety, make_app, start_api, stop_api
-from gateway.call.calls import CallManager
+from gateway.call.manager import CallManager
 from gateway.legs.sip.register import Registrar
 from gateway.legs.sip.ua import SipUA, resolve_uri
 from gateway.legs.webrtc.service import WebRtcService

@@ -26,8 +26,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.call.calls import Call, CallManager
+from gateway.call.calls import Call
 from gateway.call.control import BargeIn, Event, LegKind, UtteranceFinished, WorkerStopped
+from gateway.call.manager import CallManager
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 

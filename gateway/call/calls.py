@@ -1,10 +1,12 @@
-"""Calls: one agent, one playout and one bus subscription per call, whatever the leg.
+"""A call, whatever its leg: one agent, one playout, one bus subscription, one barge-in detector.
 
-``Call`` is what agents and the control API act on (``CallHandle``); the signalling/media side of
-a call (a SIP dialog with its RTP session, or later a WebRTC peer) is a ``Leg`` that the call
-drives for hang-up and DTMF, and that pulls the call's audio with ``pull_audio`` on each media
-tick. ``CallManager`` holds the calls, enforces the call limit, fans events out to the control
-API and implements ``CallControl``.
+``Call`` is what agents and the control API act on (``CallHandle``). The signalling/media side
+(a SIP dialog with its RTP session, or a WebRTC peer) is a ``Leg`` that the call drives for
+hang-up and DTMF and that pulls the call's audio with ``pull_audio`` on each media tick; the
+caller's audio comes back through ``on_caller_audio``, the one path from any leg into the call
+(the place for anything else that listens to the caller, before the barge-in gate). Its
+utterances are records in ``gateway.call.utterances``; the registry that holds the calls is
+``gateway.call.manager``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.agents.base import Agent, AgentFactory
+from gateway.agents.base import Agent
 from gateway.call.control import (
     BadRequest,
     BargeIn,
@@ -35,44 +37,33 @@ from gateway.call.control import (
     SpeechStarted,
     SpeechStopped,
     TextTooLong,
-    Unavailable,
-    UnknownCall,
     UtteranceFinished,
     UtteranceStarted,
     WorkerStopped,
 )
+from gateway.call.utterances import Utterance, Utterances
 from gateway.media.bargein import (
     BargeInConfig,
     BargeInDetector,
     DetectorBank,
     VadEvent,
     VoiceStarted,
-    run_batch,
 )
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from voxgate.contract.chunker import Chunker
 from voxgate.contract.config import BargeinSettings
-from voxgate.contract.dtmf import DTMF_KEYS
 from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.calls")
 
-# Per-subscriber event queue bound: a stuck consumer loses events, never stalls calls.
-EVENT_QUEUE = 1000
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
 ERR_NO_WORKER = "no_worker"
 # Barge-in idle gate: longer than the longest echo path searched (300 ms) plus a margin, and a
 # peak below which a caller frame is line noise (about -44 dBFS).
 ECHO_TAIL_S = 0.4
 QUIET_PEAK = 200
-# Caller frames for the barge-in detectors are analysed in batches across calls, at most this
-# long after they arrived: one vectorised step for every call staged meanwhile (numpy's
-# per-call overhead paid once per batch, not once per call and frame).  Shorter than a media
-# tick, so a decision still lands before the call's next frame is pulled: the fade starts on
-# the same packet as if the frame had been analysed at once.
-DETECT_BATCH_S = 0.008
 
 
 class Leg(Protocol):
@@ -90,10 +81,30 @@ class Leg(Protocol):
         late_sends, jitter_buffer_ms (keys a leg cannot measure are left out)."""
 
 
+class CallHost(Protocol):
+    """What a call needs of the registry that holds it (``CallManager``)."""
+
+    bus: Bus
+    bargein: BargeinSettings | None
+    max_text_chars: int
+    synth_timeout_s: float
+    on_first_audio: list[Callable[[Call, float], None]]
+
+    def detector_bank(self, config: BargeInConfig) -> DetectorBank: ...
+
+    def stage_detection(self, call: Call) -> None: ...
+
+    def publish(self, event: Event) -> None: ...
+
+    def forget(self, call: Call) -> None: ...
+
+    def agent_for(self, call: Call) -> Agent | None: ...
+
+
 class Call:
     def __init__(
         self,
-        manager: CallManager,
+        manager: CallHost,
         info: CallInfo,
         *,
         rate: int = 8000,
@@ -121,8 +132,9 @@ class Call:
         self._far_frame: tuple[int, npt.NDArray[np.int16]] | None = None
         self._far_heard = -(1 << 40)  # media time just after the last non-silent agent frame
         self._speech_onset: int | None = None
-        self._barge_cuts: dict[str, bool] = {}
-        self._cancelled_at: dict[str, float] = {}
+        # One record per utterance (text, interruptibility, when it was said) and the cancels
+        # waiting for the worker's acknowledgement.
+        self.utterances = Utterances()
         self.bargeins: list[BargeIn] = []
         # The call's recent events (for inspection and tests; bounded).
         self.history: deque[Event] = deque(maxlen=500)
@@ -135,15 +147,11 @@ class Call:
         self._tasks: set[asyncio.Task[None]] = set()
         self._agent_queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
-        self._texts: dict[str, str] = {}
-        self._dtmf_cuts: dict[str, bool] = {}
         self.trace_id = uuid.uuid4().hex[:16]
         # Logs of this call (and of its tasks, through the bound log context) carry these.
         self.log_fields = {"call_id": info.id, "trace_id": self.trace_id}
         self._log_ctx = contextvars.copy_context()
         self._log_ctx.run(bind_log_context, **self.log_fields)
-        # say() time of utterances not yet audible: time to first audio (gateway.metrics).
-        self._said_at: dict[str, float] = {}
 
     # --- CallHandle ----------------------------------------------------------------------
     @property
@@ -172,10 +180,9 @@ class Call:
             self.interrupt()
         utt = uuid.uuid4().hex
         self.playout.enqueue(utt, text)
-        self._texts[utt] = text
-        self._dtmf_cuts[utt] = dtmf_interrupts
-        self._barge_cuts[utt] = barge_in
-        self._said_at[utt] = time.monotonic()
+        self.utterances.add(Utterance(
+            utt, text, time.monotonic(), dtmf_interrupts=dtmf_interrupts, barge_in=barge_in
+        ))  # fmt: skip
         # No worker answering (all dead, or the bus lost) must not leave the call stuck behind
         # this utterance: past the worker's own deadline it is given up as an error.
         self._loop.call_later(self.manager.synth_timeout_s, self._give_up_if_silent, utt)
@@ -233,15 +240,16 @@ class Call:
         if state in ("answered", "ended") and state != self._info.state:
             log.info("call %s %s%s", self.id, state, f" ({reason})" if reason else "",
                      extra=self.log_fields)  # fmt: skip
-        self._info = _replace(self._info, **changes)
+        self._info = replace_info(self._info, **changes)
         self.emit(CallStateChanged(self.id, state=state, reason=reason))
 
     def set_codec(self, codec: str) -> None:
-        self._info = _replace(self._info, codec=codec)
+        self._info = replace_info(self._info, codec=codec)
 
     def on_dtmf(self, digit: str, duration_ms: int = 0, source: str = "rfc4733") -> None:
         current = self.playout.current
-        if current is not None and self.playout.speaking and self._dtmf_cuts.get(current, True):
+        u = self.utterances.get(current)
+        if current is not None and self.playout.speaking and (u is None or u.dtmf_interrupts):
             self.interrupt(clear_queue=False)
         self.emit(DtmfReceived(self.id, digit=digit, duration_ms=duration_ms, source=source))
 
@@ -263,7 +271,7 @@ class Call:
         self._far_pos = at + len(pcm)
         speaking = self.playout.speaking
         if speaking != self._info.speaking:
-            self._info = _replace(self._info, speaking=speaking)
+            self._info = replace_info(self._info, speaking=speaking)
         return pcm
 
     def on_caller_audio(self, pcm: npt.NDArray[np.int16]) -> None:
@@ -309,7 +317,8 @@ class Call:
 
     def _barge_in(self, onset: int, decision: int) -> None:
         current = self.playout.current
-        if current is None or not self.playout.speaking or not self._barge_cuts.get(current, True):
+        u = self.utterances.get(current)
+        if current is None or not self.playout.speaking or (u is not None and not u.barge_in):
             return
         start = self._far_pos  # the next sample to be sent: the fade starts there
         self.interrupt()
@@ -375,21 +384,20 @@ class Call:
     def _on_playout(self, events: list[PlayoutEvent]) -> None:
         for ev in events:
             if isinstance(ev, PlayoutStarted):
-                said = self._said_at.pop(ev.utterance_id, None)
-                if said is not None:
+                u = self.utterances.first_audio(ev.utterance_id)
+                if u is not None:
                     for hook in self.manager.on_first_audio:
-                        hook(self, time.monotonic() - said)
+                        hook(self, time.monotonic() - u.said_at)
+                known = self.utterances.get(ev.utterance_id)
                 self.emit(
                     UtteranceStarted(
                         self.id,
                         utterance_id=ev.utterance_id,
-                        text=self._texts.get(ev.utterance_id, ""),
+                        text=known.text if known is not None else "",
                     )
                 )
             elif isinstance(ev, PlayoutFinished):
-                self._texts.pop(ev.utterance_id, None)
-                self._said_at.pop(ev.utterance_id, None)
-                self._dtmf_cuts.pop(ev.utterance_id, None)
+                self.utterances.finish(ev.utterance_id)
                 if ev.outcome in ("interrupted", "cancelled"):
                     self._spawn(self._cancel(ev.utterance_id))
                 self.emit(UtteranceFinished(
@@ -398,7 +406,7 @@ class Call:
                 ))  # fmt: skip
 
     async def _cancel(self, utterance_id: str) -> None:
-        self._cancelled_at[utterance_id] = time.monotonic()
+        self.utterances.cancelled(utterance_id, time.monotonic())
         with contextlib.suppress(BusError):
             await self.manager.bus.cancel(utterance_id)
 
@@ -406,7 +414,7 @@ class Call:
         assert self._sub is not None
         async for msg in self._sub:
             asked = (
-                self._cancelled_at.pop(msg.utterance_id, None)
+                self.utterances.worker_ended(msg.utterance_id)
                 if isinstance(msg, UtteranceEnd)
                 else None
             )
@@ -440,191 +448,7 @@ class Call:
         task.add_done_callback(self._tasks.discard)
 
 
-def _replace(info: CallInfo, **changes: object) -> CallInfo:
+def replace_info(info: CallInfo, **changes: object) -> CallInfo:
     import dataclasses
 
     return dataclasses.replace(info, **changes)  # type: ignore[arg-type]
-
-
-class CallManager:
-    """Registry of live calls; the ``CallControl`` the API talks to."""
-
-    def __init__(
-        self,
-        bus: Bus,
-        agent_factory: AgentFactory | None,
-        *,
-        max_calls: int = 200,
-        max_text_chars: int = 5000,
-        bargein: BargeinSettings | None = None,
-        synth_timeout_s: float = 32.0,
-    ) -> None:
-        self.bus = bus
-        # How long an utterance may wait for its first audio before it is given up (the
-        # worker's default deadline plus a margin: the worker answers deadline_exceeded first
-        # whenever one is alive).
-        self.synth_timeout_s = synth_timeout_s
-        self.bargein = bargein
-        self.agent_factory = agent_factory
-        self.max_calls = max_calls
-        self.max_text_chars = max_text_chars
-        self.calls: dict[str, Call] = {}
-        self._subscribers: set[asyncio.Queue[Event]] = set()
-        # Set by the SIP side: place an outbound call (to, caller) and return it ringing.
-        self.originate_hook: Callable[[str, str | None], Awaitable[Call]] | None = None
-        self.outcomes: dict[str, int] = {}
-        # Observability hooks (gateway.metrics): a call leaving the registry (after its
-        # ended state), and an utterance's first audio frame played, seconds after say().
-        self.on_forget: list[Callable[[Call], None]] = []
-        self.on_first_audio: list[Callable[[Call, float], None]] = []
-        # Barge-in detectors: one bank per configuration (rate), calls with staged frames.
-        self._banks: dict[BargeInConfig, DetectorBank] = {}
-        self._staged: list[Call] = []
-        self._flush: asyncio.TimerHandle | None = None
-        self.detect_batch_s = DETECT_BATCH_S
-
-    def detector_bank(self, config: BargeInConfig) -> DetectorBank:
-        bank = self._banks.get(config)
-        if bank is None:
-            bank = self._banks[config] = DetectorBank(config, capacity=32)
-        return bank
-
-    def stage_detection(self, call: Call) -> None:
-        """``call`` has caller frames staged on its detector: analyse them with the next batch
-        (at most ``detect_batch_s`` from now)."""
-        if not call._staged:
-            call._staged = True
-            self._staged.append(call)
-        if self._flush is None:
-            loop = asyncio.get_running_loop()
-            self._flush = loop.call_later(self.detect_batch_s, self.flush_detection)
-
-    def flush_detection(self) -> None:
-        """Run every staged detector, one vectorised batch per bank, and hand each call its
-        events.  One call's failure is logged and does not stop the others."""
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        staged, self._staged = self._staged, []
-        by_bank: dict[DetectorBank, list[Call]] = {}
-        for call in staged:
-            call._staged = False
-            det = call.detector
-            if det is not None and not det.closed:
-                by_bank.setdefault(det.bank, []).append(call)
-        for calls in by_bank.values():
-            try:
-                results = run_batch([c.detector for c in calls if c.detector is not None])
-            except Exception:
-                log.exception("barge-in batch of %d calls failed", len(calls))
-                continue
-            for call, events in zip(calls, results, strict=True):
-                if events:
-                    try:
-                        call.on_vad(events)
-                    except Exception:
-                        log.exception("barge-in events failed on call %s", call.id)
-
-    def full(self) -> bool:
-        return len(self.calls) >= self.max_calls
-
-    def new_call(
-        self,
-        leg_kind: str,
-        direction: str,
-        remote: str,
-        local: str,
-        *,
-        rate: int = 8000,
-        profile: str = "narrowband",
-        call_id: str | None = None,
-    ) -> Call:
-        if self.full():
-            raise Unavailable(f"at the call limit ({self.max_calls})")
-        info = CallInfo(
-            id=call_id or uuid.uuid4().hex[:12], leg=leg_kind, direction=direction,  # type: ignore[arg-type]
-            state="ringing", remote=remote, local=local, started_at=time.time(),
-        )  # fmt: skip
-        call = Call(self, info, rate=rate, profile=profile)
-        self.calls[call.id] = call
-        log.info("call %s: new %s %s call", call.id, direction, leg_kind, extra=call.log_fields)
-        self.publish(CallStateChanged(call.id, state="ringing"))
-        return call
-
-    def forget(self, call: Call) -> None:
-        self.calls.pop(call.id, None)
-        reason = call.info.end_reason or "unknown"
-        self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
-        for hook in self.on_forget:
-            hook(call)
-
-    def agent_for(self, call: Call) -> Agent | None:
-        return self.agent_factory(call.info) if self.agent_factory is not None else None
-
-    def publish(self, event: Event) -> None:
-        for q in list(self._subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                q.put_nowait(event)
-
-    # --- CallControl ---------------------------------------------------------------------
-    def list_calls(self) -> list[CallInfo]:
-        return [c.info for c in self.calls.values()]
-
-    def get_call(self, call_id: str) -> CallInfo:
-        return self._call(call_id).info
-
-    def _call(self, call_id: str) -> Call:
-        call = self.calls.get(call_id)
-        if call is None:
-            raise UnknownCall(f"no call {call_id!r}")
-        return call
-
-    async def originate(self, to: str, *, caller: str | None = None) -> CallInfo:
-        if self.originate_hook is None:
-            raise Unavailable("outbound calls are not configured on this gateway")
-        if self.full():
-            raise Unavailable(f"at the call limit ({self.max_calls})")
-        call = await self.originate_hook(to, caller)
-        return call.info
-
-    async def say(self, call_id: str, text: str, *, interrupt: bool = False) -> str:
-        return await self._call(call_id).say(text, interrupt=interrupt)
-
-    async def say_stream(self, call_id: str, chunks: AsyncIterator[str]) -> str:
-        return await self._call(call_id).say_stream(chunks)
-
-    async def send_dtmf(self, call_id: str, digits: str) -> None:
-        bad = sorted(set(digits) - set(DTMF_KEYS))
-        if not digits or bad:
-            raise BadRequest(f"digits must be 0-9 * # A-D; got {digits!r}")
-        call = self._call(call_id)
-        if call.leg is None or call.info.state == "ended":
-            raise Conflict(f"call {call_id} has no media")
-        await call.leg.send_dtmf(digits)
-
-    async def hangup(self, call_id: str) -> None:
-        await self._call(call_id).hangup("api")
-
-    def subscribe_events(self) -> EventSubscription:
-        """Events from this call on (the subscriber is registered before this returns)."""
-        return EventSubscription(self._subscribers)
-
-
-class EventSubscription:
-    """An async iterator of events; registered at creation, removed by ``aclose``."""
-
-    def __init__(self, registry: set[asyncio.Queue[Event]]) -> None:
-        self._registry = registry
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(EVENT_QUEUE)
-        registry.add(self._queue)
-
-    def __aiter__(self) -> EventSubscription:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self._queue not in self._registry:
-            raise StopAsyncIteration
-        return await self._queue.get()
-
-    async def aclose(self) -> None:
-        self._registry.discard(self._queue)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.agents.base import CallHandle
 from gateway.agents.ivr import IvrAgent
-from gateway.call.calls import Call, CallManager
+from gateway.call.calls import Call
 from gateway.call.control import (
     BadRequest,
     CallStateChanged,
@@ -23,6 +23,7 @@ from gateway.call.control import (
     UtteranceFinished,
     UtteranceStarted,
 )
+from gateway.call.manager import CallManager
 from synth.worker import Worker
 from tests.fakes import ToneEngine
 from voxgate.contract.bus.base import Bus
@@ -198,3 +199,4 @@ async def test_agents_hear_state_changes_but_not_their_own_utterance_starts(
     assert "UtteranceStarted" not in kinds, kinds  # the echo of its own say()
     states = [e.state for e in agent.events if isinstance(e, CallStateChanged)]
     assert states == ["ended"], states  # answered came before the agent started
+    assert len(call.utterances) == 0  # every record went with its utterance

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.call.calls import CallManager
 from gateway.call.control import BargeIn, UtteranceFinished, WorkerStopped
+from gateway.call.manager import CallManager
 from gateway.metrics import CALL_OUTCOMES, GatewayMetrics, call_outcome
 from tests.metrics.conftest import Scrape, parse_scrape
 from voxgate.contract.bus.memory import MemoryBus

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.agents.base import CallHandle
-from gateway.call.calls import CallManager
 from gateway.call.control import Event
+from gateway.call.manager import CallManager
 from tests.metrics.conftest import MetricsGateway
 from voxgate.bench.sipclient import SipClient
 from voxgate.contract.bus.memory import MemoryBus

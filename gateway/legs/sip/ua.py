@@ -18,8 +18,9 @@ import socket
 from dataclasses import dataclass, field
 
 from gateway import sdp
-from gateway.call.calls import Call, CallManager
+from gateway.call.calls import Call
 from gateway.call.control import Unavailable
+from gateway.call.manager import CallManager
 from gateway.legs.sip.transport import SipTransport, local_ip_for
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
 from gateway.sip import (

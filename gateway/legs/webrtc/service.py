@@ -20,8 +20,8 @@ from importlib import resources
 from aiohttp import web
 
 from gateway.api.routes import HttpError, json_object
-from gateway.call.calls import CallManager
 from gateway.call.control import BadRequest
+from gateway.call.manager import CallManager
 from gateway.legs.webrtc.leg import WebRtcLeg
 from gateway.legs.webrtc.offer import OfferError, check_offer
 from voxgate.contract.config import WebrtcConfig

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import argparse
 
-from voxgate.contract.config import SubParsers, add_config_arguments, load_from_args
+from voxgate.contract.config import (
+    GATEWAY_KEYS,
+    SubParsers,
+    add_config_arguments,
+    load_from_args,
+)
 
 
 def register(sub: SubParsers) -> None:
     p = sub.add_parser("gateway", help="run the gateway alone against workers on a Redis bus")
-    add_config_arguments(p)
+    add_config_arguments(p, GATEWAY_KEYS)
     p.set_defaults(func=cmd_gateway)
 
 

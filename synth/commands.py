@@ -7,7 +7,14 @@ import argparse
 import sys
 import wave
 
-from voxgate.contract.config import Config, SubParsers, add_config_arguments, load_from_args
+from voxgate.contract.config import (
+    SYNTH_KEYS,
+    WORKER_KEYS,
+    Config,
+    SubParsers,
+    add_config_arguments,
+    load_from_args,
+)
 
 
 def register(sub: SubParsers) -> None:
@@ -22,11 +29,11 @@ def register(sub: SubParsers) -> None:
     p.add_argument("-o", "--output", required=True, help="output WAV path")
     p.add_argument("--profile", choices=("narrowband", "wideband"), default="narrowband")
     p.add_argument("--raw", action="store_true", help="skip the text normalizer")
-    add_config_arguments(p)
+    add_config_arguments(p, SYNTH_KEYS)
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("worker", help="run a synthesis worker against a shared Redis bus")
-    add_config_arguments(p)
+    add_config_arguments(p, WORKER_KEYS)
     p.set_defaults(func=cmd_worker)
 
 

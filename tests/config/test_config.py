@@ -117,3 +117,27 @@ def test_tables_from_toml_env_and_flags(tmp_path: Path) -> None:
     assert cfg.ivr.menu == {"0": "bye"}
     cfg = load(None, env={}, overrides={"ivr.menu": '{"0": "ciao"}'})
     assert cfg.ivr.menu == {"0": "ciao"}
+
+
+def test_each_command_lists_only_the_keys_it_reads() -> None:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    def flags(command: str) -> set[str]:
+        return {o for a in sub.choices[command]._actions for o in a.option_strings}
+
+    worker, gateway, serve = flags("worker"), flags("gateway"), flags("serve")
+    assert "--synth-engine" in worker and "--redis" in worker and "--worker-http-listen" in worker
+    assert not {f for f in worker if f.startswith(("--gateway-", "--ivr-", "--webrtc-"))}
+    assert "--sip-listen" not in worker and "--bargein-enabled" not in worker
+    assert "--gateway-sip-listen" in gateway and "--ivr-greeting" in gateway
+    assert "--synth-max-text-chars" in gateway  # the gateway enforces it before a request
+    assert "--synth-engine" not in gateway and "--engine" not in gateway
+    assert "--worker-name" not in gateway
+    assert {"--synth-engine", "--gateway-sip-listen", "--ivr-greeting"} <= serve  # both sides
+    assert "--gateway-sip-listen" not in flags("synth")
+
+
+def test_unknown_keys_for_a_command_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown config keys"):
+        add_config_arguments(argparse.ArgumentParser(), ["gateway", "synth.no_such_key"])

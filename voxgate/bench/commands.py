@@ -12,7 +12,7 @@ from voxgate.bench.options import (
     add_calls_arguments,
     add_webrtc_arguments,
 )
-from voxgate.contract.config import SubParsers, add_config_arguments, load_from_args
+from voxgate.contract.config import SYNTH_KEYS, SubParsers, add_config_arguments, load_from_args
 from voxgate.contract.logs import setup_logging
 
 
@@ -24,7 +24,7 @@ def register_bench(bench_sub: SubParsers) -> None:
     p.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
     p.add_argument("--levels", default="1,2,4,8", help="concurrency levels (default 1,2,4,8)")
     p.add_argument("--profile", choices=("narrowband", "wideband"), default="narrowband")
-    add_config_arguments(p)
+    add_config_arguments(p, SYNTH_KEYS)
     p.set_defaults(func=cmd_bench_synth)
 
     p = bench_sub.add_parser("dsp", help="cost of the telephone chain per 20 ms block")

@@ -15,7 +15,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -401,13 +401,32 @@ def all_keys() -> list[tuple[str, type, object]]:
     return out
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one ``--section-key`` flag per config key (plus the aliases)."""
+def add_config_arguments(
+    parser: argparse.ArgumentParser, keys: Sequence[str] | None = None
+) -> None:
+    """Add ``--config`` and one ``--section-key`` flag per config key the command reads (plus
+    the aliases of those keys).
+
+    ``keys``: whole sections (``"gateway"``) and single keys (``"synth.max_text_chars"``);
+    None: every key.  Keys left out are still read from the file and the environment; they
+    just have no flag on this command (``voxgate worker --help`` shows no SIP settings)."""
     group = parser.add_argument_group("configuration (override voxgate.toml and VOXGATE_* env)")
     group.add_argument(
         "--config", metavar="FILE", help="config file (default: ./voxgate.toml if present)"
     )
+    wanted = None if keys is None else set(keys)
+
+    def shown(key: str) -> bool:
+        return wanted is None or key in wanted or key.split(".", 1)[0] in wanted
+
+    if wanted is not None:
+        known = {k for k, _, _ in all_keys()} | {f.name for f in dataclasses.fields(Config)}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise ValueError(f"add_config_arguments: unknown config keys {unknown}")
     for key, typ, default in all_keys():
+        if not shown(key):
+            continue
         flag = "--" + key.replace(".", "-").replace("_", "-")
         group.add_argument(
             flag,
@@ -417,12 +436,25 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"{key} (default {default!r})",
         )
     for alias, key in ALIASES.items():
+        if not shown(key):
+            continue
         group.add_argument(
             "--" + alias,
             dest="cfg:" + key,
             default=None,
             help=f"same as --{key.replace('.', '-').replace('_', '-')}",
         )
+
+
+# What each command reads (its --help lists only these).  The gateway reads three keys of the
+# worker's sections: the text limit it enforces before a request goes out, the rate browser
+# legs play at, and the worker's deadline (its own give-up timer is that plus a margin).
+GATEWAY_KEYS: tuple[str, ...] = (
+    "bus", "gateway", "ivr", "bargein", "webrtc", "log",
+    "synth.max_text_chars", "synth.wideband_rate", "worker.default_deadline_s",
+)  # fmt: skip
+WORKER_KEYS: tuple[str, ...] = ("bus", "synth", "worker", "log")
+SYNTH_KEYS: tuple[str, ...] = ("synth", "log")
 
 
 def load(

@@ -119,11 +119,8 @@ class Call:
         # Barge-in: VAD on what the caller sends, compared against what we sent (echo).
         self.detector: BargeInDetector | None = None
         if settings is not None and settings.enabled:
-            self.detector = BargeInDetector(bank=manager.detector_bank(BargeInConfig(
-                aggressiveness=settings.aggressiveness, min_speech_ms=settings.min_speech_ms,
-                hangover_ms=settings.hangover_ms, echo_margin_db=settings.echo_margin_db,
-                rate=rate, frame_ms=settings.frame_ms,
-            )))  # fmt: skip
+            config = BargeInConfig.from_settings(settings, rate)
+            self.detector = BargeInDetector(bank=manager.detector_bank(config))
         self._staged = False  # frames staged on the detector, waiting for the batch
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self._far_pos = 0

@@ -119,6 +119,8 @@ import numpy as np
 import numpy.typing as npt
 import webrtcvad
 
+from voxgate.contract.config import BargeinSettings
+
 Int16Array = npt.NDArray[np.int16]
 FloatArray = npt.NDArray[np.float64]
 
@@ -208,6 +210,20 @@ class BargeInConfig:
             raise ValueError(f"max_echo_delay_ms must be 0..1000, got {self.max_echo_delay_ms}")
         if not 0.0 < self.min_caller_share <= 1.0:
             raise ValueError(f"min_caller_share must be in (0, 1], got {self.min_caller_share}")
+
+    @classmethod
+    def from_settings(cls, settings: BargeinSettings, rate: int) -> BargeInConfig:
+        """The detector for a leg at ``rate`` as the ``[bargein]`` section configures it (the
+        only place the section's keys meet the detector's; the rest keep the detector's
+        tuned defaults)."""
+        return cls(
+            aggressiveness=settings.aggressiveness,
+            min_speech_ms=settings.min_speech_ms,
+            hangover_ms=settings.hangover_ms,
+            echo_margin_db=settings.echo_margin_db,
+            rate=rate,
+            frame_ms=settings.frame_ms,
+        )
 
     @property
     def frame_samples(self) -> int:

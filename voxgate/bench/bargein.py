@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import platform
@@ -223,12 +224,8 @@ class Live:
 @contextlib.asynccontextmanager
 async def live_gateway(engine: Engine) -> AsyncIterator[Live]:
     async with local_gateway(engine, name="bench-bargein") as local:
-        b = local.cfg.bargein
-        settings = {
-            "aggressiveness": b.aggressiveness, "min_speech_ms": b.min_speech_ms,
-            "hangover_ms": b.hangover_ms, "echo_margin_db": b.echo_margin_db,
-            "fade_ms": b.fade_ms, "frame_ms": b.frame_ms,
-        }  # fmt: skip
+        # The gateway's own [bargein] section, as it runs (reported with the figures).
+        settings = dataclasses.asdict(local.cfg.bargein)
         yield Live(local.gw, local.sip, settings)
 
 

@@ -49,6 +49,7 @@ from gateway.media.bargein import (
     VadEvent,
     VoiceStarted,
 )
+from gateway.media.coupling import MediaCoupling
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
@@ -60,10 +61,6 @@ log = logging.getLogger("voxgate.calls")
 
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
 ERR_NO_WORKER = "no_worker"
-# Barge-in idle gate: longer than the longest echo path searched (300 ms) plus a margin, and a
-# peak below which a caller frame is line noise (about -44 dBFS).
-ECHO_TAIL_S = 0.4
-QUIET_PEAK = 200
 
 
 class Leg(Protocol):
@@ -123,11 +120,7 @@ class Call:
             self.detector = BargeInDetector(bank=manager.detector_bank(config))
         self._staged = False  # frames staged on the detector, waiting for the batch
         # Media clock (samples): frames sent and frames received, one of each per tick.
-        self._far_pos = 0
-        self._near_pos = 0
-        self._tick_pos: int | None = None
-        self._far_frame: tuple[int, npt.NDArray[np.int16]] | None = None
-        self._far_heard = -(1 << 40)  # media time just after the last non-silent agent frame
+        self.media = MediaCoupling(rate, keep_far=self.detector is not None)
         self._speech_onset: int | None = None
         # One record per utterance (text, interruptibility, when it was said) and the cancels
         # waiting for the worker's acknowledgement.
@@ -258,14 +251,7 @@ class Call:
         pcm, events = self.playout.pull(n)
         if events:
             self._on_playout(events)
-        at = self._far_pos if at is None else at
-        if self.detector is not None:
-            # Fed to the detector with the caller's frame of the same tick (which may skip it).
-            self._far_frame = (at, pcm)
-            if pcm.any():
-                self._far_heard = at + len(pcm)
-        self._tick_pos = at  # the caller's frame of this same tick is at this media time
-        self._far_pos = at + len(pcm)
+        self.media.sent(pcm, at)
         speaking = self.playout.speaking
         if speaking != self._info.speaking:
             self._info = replace_info(self._info, speaking=speaking)
@@ -275,22 +261,15 @@ class Call:
         """One frame of decoded caller audio per media tick (after that tick's ``pull_audio``).
         Media-tick hot path: the frame is staged on the detector and analysed with the other
         calls' frames in the next batch (:meth:`CallManager.flush_detection`)."""
+        pos, far = self.media.received(len(pcm))
+        # Anything else that listens to the caller (speech-to-text, recording) taps here:
+        # every leg's caller audio, before the barge-in gate.
         detector = self.detector
-        pos = self._tick_pos if self._tick_pos is not None else self._near_pos
-        self._tick_pos = None
-        self._near_pos = pos + len(pcm)
         if detector is None:
             return
-        far = self._far_frame
-        self._far_frame = None
-        # Idle gate: the agent has been silent longer than any echo path and the caller's frame
-        # is quiet: nothing to decide, so jump the detector's clock instead of analysing two
+        # Idle gate: nothing to decide, so jump the detector's clock instead of analysing two
         # frames of silence (it keeps what it learnt about the echo path).
-        if (
-            detector.idle
-            and pos - self._far_heard > ECHO_TAIL_S * self.rate
-            and int(np.abs(pcm).max(initial=0)) < QUIET_PEAK
-        ):
+        if detector.idle and self.media.idle(pos, pcm):
             detector.skip_to(pos + len(pcm))
             return
         if far is not None:
@@ -317,7 +296,7 @@ class Call:
         u = self.utterances.get(current)
         if current is None or not self.playout.speaking or (u is not None and not u.barge_in):
             return
-        start = self._far_pos  # the next sample to be sent: the fade starts there
+        start = self.media.far_pos  # the next sample to be sent: the fade starts there
         self.interrupt()
         faded = self.playout.fade_samples
         ms = 1000 / self.rate

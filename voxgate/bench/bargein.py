@@ -183,7 +183,7 @@ class GatewayTap:
         tap = self
 
         def on_caller_audio(call: Call, pcm: Int16Array) -> None:
-            pos = call._tick_pos if call._tick_pos is not None else call._near_pos
+            pos = call.media.tick_pos
             tap.frames.setdefault(call.id, []).append((pos, np.asarray(pcm, np.int16).tobytes()))
             orig(call, pcm)
 

@@ -20,6 +20,7 @@ from gateway.legs.sip.register import Registrar
 from gateway.legs.sip.ua import SipUA, resolve_uri
 from gateway.legs.webrtc.service import WebRtcService
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker
 from gateway.sip import parse_uri
 from gateway.sip.events import SipEvent
@@ -41,7 +42,8 @@ class Gateway:
             synth_timeout_s=cfg.worker.default_deadline_s + 2.0,
         )  # fmt: skip
         self.ticker = MediaTicker()
-        self.ua = SipUA(cfg.gateway, self.manager, self.ticker)
+        self.readiness = WorkerReadiness(bus)
+        self.ua = SipUA(cfg.gateway, self.manager, self.ticker, self.readiness)
         # Browser calls run at the worker's wideband rate (no telephone band limit).
         self.webrtc = WebRtcService(self.manager, cfg.webrtc, rate=cfg.synth.wideband_rate)
         self.runner: web.AppRunner | None = None
@@ -51,14 +53,13 @@ class Gateway:
         self.metrics = GatewayMetrics(self.manager, bus)
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready when the bus answers and at least one warmed-up worker is serving."""
-        bus_ok = await self.bus.ping()
-        workers = await self.bus.ready_workers() if bus_ok else []
-        ready = bus_ok and bool(workers)
+        """Ready when the bus answers and at least one warmed-up worker is serving (asked now;
+        SIP reads the same view, kept fresh in the background)."""
+        ready = await self.readiness.refresh()
         body = {
             "ready": ready,
-            "bus": bus_ok,
-            "workers": len(workers),
+            "bus": self.readiness.bus_ok,
+            "workers": self.readiness.workers,
             "calls": len(self.manager.calls),
         }
         return web.json_response(body, status=200 if ready else 503)
@@ -67,6 +68,8 @@ class Gateway:
         g = self.cfg.gateway
         host, port = parse_hostport("gateway.http_listen", g.http_listen)
         check_bind_safety(host, g.api_token or None)  # before anything listens
+        self.readiness.start()
+        await self.readiness.refresh()
         await self.ua.start()
         if g.register:
             await self._start_registration()
@@ -105,6 +108,7 @@ class Gateway:
             await self.registrar.close()
         await self.webrtc.close()
         await self.ua.close()
+        await self.readiness.close()
         self.ticker.close()
         if self.runner is not None:
             await stop_api(self.runner)

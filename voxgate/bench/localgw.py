@@ -74,11 +74,8 @@ async def local_gateway(
     worker_task = asyncio.create_task(worker.run(stop))
     try:
         await gw.start()
-        for _ in range(1200):
-            if await bus.ready_workers():
-                break
-            await asyncio.sleep(0.05)
-        else:
+        # Ready as SIP sees it (the gateway's own view: OPTIONS and INVITE get 503 before).
+        if not await gw.readiness.wait(60.0):
             raise RuntimeError("the worker did not get ready")
         host, _, port = cfg.gateway.sip_listen.rpartition(":")
         http = f"http://127.0.0.1:{gw.http_port}"

@@ -142,6 +142,9 @@ class GatewayConfig:
     from_user: str = "voxgate"
     # Ring (180) this long before answering an incoming call, as a person would; 0 answers at once.
     answer_delay_ms: int = 0
+    # While no warmed-up worker is serving, OPTIONS and INVITE get 503 + Retry-After; with this
+    # set, an INVITE is held up to this long for a worker first, then answered or refused.
+    unready_wait_ms: int = 0
 
     def validate(self) -> None:
         for key, value in (
@@ -163,6 +166,10 @@ class GatewayConfig:
         if not 0 <= self.answer_delay_ms <= 60000:
             raise ConfigError(
                 f"gateway.answer_delay_ms: must be 0-60000, got {self.answer_delay_ms}"
+            )
+        if not 0 <= self.unready_wait_ms <= 60000:
+            raise ConfigError(
+                f"gateway.unready_wait_ms: must be 0-60000, got {self.unready_wait_ms}"
             )
 
 

@@ -3,8 +3,9 @@
 UAS (RFC 3261 §8.2, §13.3, §15): INVITE → 100 (the layer) → [180 while ringing] → 200 with the
 SDP answer; ACK starts the agent; BYE → 200; CANCEL → 487; OPTIONS → 200 with Allow/Accept;
 re-INVITE → new answer (hold/unhold); INFO with DTMF → 200; 481 for requests in no dialog;
-405 (with Allow) for other methods; 503 with Retry-After above the call limit; 400 for a bad SDP
-and 488 when no codec is common (RFC 3264 §6).
+405 (with Allow) for other methods; 503 with Retry-After above the call limit, and to OPTIONS
+and INVITE while no warmed-up worker serves (``gateway.readiness``); 400 for a bad SDP and 488
+when no codec is common (RFC 3264 §6).
 UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
 (RFC 8760), CANCEL while ringing, BYE once up.
 """
@@ -22,6 +23,7 @@ from gateway.call.calls import Call
 from gateway.call.control import Unavailable
 from gateway.call.manager import CallManager
 from gateway.legs.sip.transport import SipTransport, local_ip_for
+from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
 from gateway.sip import (
     CancelReceived,
@@ -57,6 +59,8 @@ log = logging.getLogger("voxgate.sip")
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
 RETRY_AFTER_S = 5
+# Retry-After while no worker is warm yet (a worker warms up in seconds).
+RETRY_AFTER_UNREADY_S = 2
 USER_AGENT = "voxgate/0.1"
 
 
@@ -142,8 +146,16 @@ class SipLeg:
 
 
 class SipUA:
-    def __init__(self, cfg: GatewayConfig, manager: CallManager, ticker: MediaTicker) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        manager: CallManager,
+        ticker: MediaTicker,
+        readiness: WorkerReadiness | None = None,
+    ) -> None:
         self.cfg = cfg
+        # None: always ready (a user agent without synthesis behind it, in tests).
+        self.readiness = readiness
         self.manager = manager
         self.ticker = ticker
         self.layer = TransactionLayer()
@@ -225,6 +237,8 @@ class SipUA:
         method = req.method
         if method == "INVITE":
             self._spawn(self._incoming_invite(req, tid, ev.addr))
+        elif method == "OPTIONS" and not self._ready():
+            self._respond(tid, self._unready_response(req))
         elif method == "OPTIONS":
             self._respond(tid, make_response(req, 200, headers=[
                 ("Allow", ALLOW), ("Accept", "application/sdp"), ("Accept-Language", "en"),
@@ -237,9 +251,32 @@ class SipUA:
         else:
             self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
 
+    def _ready(self) -> bool:
+        return self.readiness is None or self.readiness.ready
+
+    def _unready_response(self, req: Request) -> Response:
+        return make_response(
+            req, 503, "No Synthesis Worker Ready",
+            headers=[("Retry-After", str(RETRY_AFTER_UNREADY_S))],
+        )  # fmt: skip
+
     async def _incoming_invite(self, req: Request, tid: str | None, addr: Address) -> None:
         if tid is None:
             return
+        if not self._ready():
+            # Nobody could greet this caller yet: refuse (or hold the INVITE a while for a
+            # worker; the transaction's 100 Trying stops retransmissions) rather than answer
+            # into silence.
+            wait_s = self.cfg.unready_wait_ms / 1000
+            readiness = self.readiness
+            if readiness is not None and wait_s > 0 and await readiness.wait(wait_s):
+                await self._answer_invite(req, tid, addr)
+                return
+            self._respond(tid, self._unready_response(req))
+            return
+        await self._answer_invite(req, tid, addr)
+
+    async def _answer_invite(self, req: Request, tid: str, addr: Address) -> None:
         if self.manager.full():
             self._respond(
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])

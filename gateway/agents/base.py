@@ -1,17 +1,27 @@
 """The agent interface: what drives a call once it is up.
 
-An agent sees one call through a ``CallHandle`` and reacts to its events (DTMF, utterance
-finished, caller speech started/stopped, state changes). The embedded default is the IVR in
-``gateway.agents.ivr``; a pipecat pipeline fits the same shape (events in as frames, ``say`` out as
-TTS text), which is how LLM/STT agents plug in later.
+An agent sees one call through a ``CallHandle`` and reacts to its events, delivered in order
+on the agent's own task (off the media path: a slow agent delays only itself):
+
+- ``DtmfReceived`` (a key, with its source: rfc4733, info, datachannel);
+- ``UtteranceFinished`` (done, interrupted with the words the caller ``heard``, cancelled,
+  error); ``BargeIn`` and ``WorkerStopped`` when the caller cut the agent short;
+- ``SpeechStarted`` / ``SpeechStopped`` (the echo-aware detector's view of the caller);
+- ``CallStateChanged`` (``ended``, with its reason, is the last one).
+
+Not delivered: ``UtteranceStarted`` (the echo of the agent's own ``say``). An agent that needs
+to hear the caller reads ``caller_audio()``. The embedded default is the IVR in
+``gateway.agents.ivr``; a pipecat pipeline fits the same shape (events in as frames, ``say``
+out as TTS text).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from gateway.call.control import CallInfo, Event
+from gateway.media.tap import CallerAudioTap
 
 
 class CallHandle(Protocol):
@@ -31,6 +41,26 @@ class CallHandle(Protocol):
     ) -> str:
         """Queue ``text``; returns its utterance id. ``interrupt`` stops what is playing first;
         ``dtmf_interrupts`` / ``barge_in`` let a key press / the caller's voice cut it short."""
+        ...
+
+    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
+        """Speak text arriving in pieces (an LLM's tokens): cut by the chunker, the first
+        clause is spoken while the rest still arrives. Returns the first utterance's id."""
+        ...
+
+    def interrupt(self, *, clear_queue: bool = True) -> None:
+        """Stop speaking now (10 ms fade), drop what is queued, cancel it on the worker."""
+        ...
+
+    async def send_dtmf(self, digits: str) -> None:
+        """Send keys to the far end (an IVR the agent is calling into)."""
+        ...
+
+    def caller_audio(
+        self, rate: int = 8000, *, echo_gate: bool = False, max_frames: int = 50
+    ) -> CallerAudioTap:
+        """The caller's audio as 20 ms int16 frames at 8 or 16 kHz (see
+        ``gateway.media.tap``)."""
         ...
 
     async def hangup(self, reason: str = "agent") -> None: ...

@@ -51,10 +51,12 @@ from gateway.media.bargein import (
 )
 from gateway.media.coupling import MediaCoupling
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
+from gateway.media.tap import CallerAudioTap
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
 from voxgate.contract.chunker import Chunker
 from voxgate.contract.config import BargeinSettings
+from voxgate.contract.dtmf import DTMF_KEYS
 from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.calls")
@@ -121,6 +123,8 @@ class Call:
         self._staged = False  # frames staged on the detector, waiting for the batch
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self.media = MediaCoupling(rate, keep_far=self.detector is not None)
+        # Consumers of the caller's audio (caller_audio): agents' ears.
+        self.taps: list[CallerAudioTap] = []
         self._speech_onset: int | None = None
         # One record per utterance (text, interruptibility, when it was said) and the cancels
         # waiting for the worker's acknowledgement.
@@ -212,6 +216,29 @@ class Call:
         if self.leg is not None and self._info.state != "ended":
             await self.leg.hangup(reason)
 
+    async def send_dtmf(self, digits: str) -> None:
+        """Send keys to the far end (RFC 4733 on SIP legs, the data channel to a browser)."""
+        bad = sorted(set(digits) - set(DTMF_KEYS))
+        if not digits or bad:
+            raise BadRequest(f"digits must be 0-9 * # A-D; got {digits!r}")
+        if self.leg is None or self._info.state == "ended":
+            raise Conflict(f"call {self.id} has no media")
+        await self.leg.send_dtmf(digits)
+
+    def caller_audio(
+        self, rate: int = 8000, *, echo_gate: bool = False, max_frames: int = 50
+    ) -> CallerAudioTap:
+        """The caller's audio from now on: 20 ms int16 frames at ``rate`` (8 or 16 kHz),
+        ``async for``-able, ending when the call ends. ``echo_gate``: hold back what may be
+        the agent's own voice coming back (see :mod:`gateway.media.tap`). A consumer that
+        falls ``max_frames`` behind loses the oldest frames (counted in ``dropped``)."""
+        tap = CallerAudioTap(self.rate, rate, echo_gate=echo_gate, max_frames=max_frames)
+        if self._info.state == "ended":
+            tap.close()
+        else:
+            self.taps.append(tap)
+        return tap
+
     # --- driven by the leg ---------------------------------------------------------------
     async def start(self, agent: Agent | None) -> None:
         """Media is up: subscribe to the call's audio and start the agent."""
@@ -262,8 +289,12 @@ class Call:
         Media-tick hot path: the frame is staged on the detector and analysed with the other
         calls' frames in the next batch (:meth:`CallManager.flush_detection`)."""
         pos, far = self.media.received(len(pcm))
-        # Anything else that listens to the caller (speech-to-text, recording) taps here:
-        # every leg's caller audio, before the barge-in gate.
+        # Everything else that listens to the caller (agents' speech-to-text, recording) taps
+        # here: every leg's caller audio, before the barge-in gate.
+        if self.taps:
+            audible = self.media.agent_audible(pos)
+            for tap in self.taps:
+                tap.push(pcm, agent_audible=audible)
         detector = self.detector
         if detector is None:
             return
@@ -281,6 +312,11 @@ class Call:
         """The detector's events for this call's frames (from the batch, see
         :meth:`CallManager.flush_detection`)."""
         for ev in events:
+            for tap in self.taps:
+                if isinstance(ev, VoiceStarted):
+                    tap.caller_started()
+                else:
+                    tap.caller_stopped()
             if isinstance(ev, VoiceStarted):
                 self._speech_onset = ev.onset_sample
                 self._barge_in(ev.onset_sample, ev.decision_sample)
@@ -335,6 +371,8 @@ class Call:
         self._on_playout(self.playout.interrupt())
         self.set_state("ended", reason)
         self.manager.forget(self)
+        for tap in self.taps:
+            tap.close()
         if self.detector is not None:
             self.detector.close()
         self._agent_queue.put_nowait(None)

@@ -14,10 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from gateway.agents.base import Agent, AgentFactory
 from gateway.call.calls import Call
 from gateway.call.control import (
-    BadRequest,
     CallInfo,
     CallStateChanged,
-    Conflict,
     Event,
     Unavailable,
     UnknownCall,
@@ -25,7 +23,6 @@ from gateway.call.control import (
 from gateway.media.bargein import BargeInConfig, DetectorBank, run_batch
 from voxgate.contract.bus.base import Bus
 from voxgate.contract.config import BargeinSettings
-from voxgate.contract.dtmf import DTMF_KEYS
 
 log = logging.getLogger("voxgate.calls")
 
@@ -187,13 +184,7 @@ class CallManager:
         return await self._call(call_id).say_stream(chunks)
 
     async def send_dtmf(self, call_id: str, digits: str) -> None:
-        bad = sorted(set(digits) - set(DTMF_KEYS))
-        if not digits or bad:
-            raise BadRequest(f"digits must be 0-9 * # A-D; got {digits!r}")
-        call = self._call(call_id)
-        if call.leg is None or call.info.state == "ended":
-            raise Conflict(f"call {call_id} has no media")
-        await call.leg.send_dtmf(digits)
+        await self._call(call_id).send_dtmf(digits)
 
     async def hangup(self, call_id: str) -> None:
         await self._call(call_id).hangup("api")

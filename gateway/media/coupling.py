@@ -39,8 +39,8 @@ class MediaCoupling:
         if self._keep_far:
             # Given to the detector with the caller's frame of the same tick.
             self._far = (at, pcm)
-            if pcm.any():
-                self._far_heard = at + len(pcm)
+        if pcm.any():
+            self._far_heard = at + len(pcm)
         self._tick_pos = at  # the caller's frame of this same tick is at this media time
         self.far_pos = at + len(pcm)
         return at
@@ -59,9 +59,13 @@ class MediaCoupling:
         """Media time the next caller frame will be given (benchmarks tag frames with it)."""
         return self._tick_pos if self._tick_pos is not None else self.near_pos
 
+    def agent_audible(self, pos: int) -> bool:
+        """The agent's voice may be on the line at ``pos``: it played within the echo tail."""
+        return pos - self._far_heard <= self._echo_tail
+
     def idle(self, pos: int, pcm: Int16Array) -> bool:
         """Nothing to decide: the agent has been silent longer than any echo path, and the
         caller's frame at ``pos`` is quiet."""
-        if pos - self._far_heard <= self._echo_tail:
+        if self.agent_audible(pos):
             return False
         return int(np.abs(pcm).max(initial=0)) < QUIET_PEAK

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 
 from gateway.agents.ivr import IvrAgent
 from gateway.call.control import CallInfo, DtmfReceived, UtteranceFinished
+from gateway.media.tap import CallerAudioTap
 from voxgate.contract.config import IvrConfig
 
 
@@ -14,6 +16,8 @@ class RecordingCall:
     def __init__(self) -> None:
         self.said: list[tuple[str, str, bool]] = []
         self.hung_up: list[str] = []
+        self.dtmf: list[str] = []
+        self.interrupted = 0
         self._ids = itertools.count(1)
 
     @property
@@ -31,6 +35,20 @@ class RecordingCall:
         utt = f"u{next(self._ids)}"
         self.said.append((utt, text, interrupt))
         return utt
+
+    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
+        return await self.say("".join([c async for c in chunks]))
+
+    def interrupt(self, *, clear_queue: bool = True) -> None:
+        self.interrupted += 1
+
+    async def send_dtmf(self, digits: str) -> None:
+        self.dtmf.append(digits)
+
+    def caller_audio(
+        self, rate: int = 8000, *, echo_gate: bool = False, max_frames: int = 50
+    ) -> CallerAudioTap:
+        return CallerAudioTap(8000, rate, echo_gate=echo_gate, max_frames=max_frames)
 
     async def hangup(self, reason: str = "agent") -> None:
         self.hung_up.append(reason)

@@ -1,0 +1,152 @@
+"""Caller speech cut into utterances for speech-to-text (sans-I/O, synchronous, explicit state).
+
+Feed 20 ms frames of 16 kHz int16 audio with :meth:`SpeechSegmenter.feed`; it answers with
+what to transcribe:
+
+- :class:`Partial` — the audio of the utterance so far, every ``partial_every_ms`` while the
+  caller speaks (for live captions and early intent);
+- :class:`Final` — the whole utterance once ``min_silence_ms`` of non-speech followed it, or
+  when it reached ``max_segment_s`` (a monologue is cut there, so memory stays bounded).
+
+Speech is webrtcvad on each frame (mode ``aggressiveness``) with a little hysteresis: an
+utterance starts after ``start_ms`` of speech frames within a short window, and keeps
+``pre_roll_ms`` of audio before its first speech frame so a soft word start is not clipped.
+Timestamps are media time in samples at 16 kHz, so nothing depends on the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import webrtcvad
+
+RATE = 16000
+FRAME = RATE * 20 // 1000
+Int16Array = npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmenterConfig:
+    aggressiveness: int = 2
+    start_ms: int = 60  # speech needed to open an utterance
+    min_silence_ms: int = 500  # non-speech that closes it
+    pre_roll_ms: int = 200  # audio kept before the first speech frame
+    partial_every_ms: int = 600
+    max_segment_s: float = 15.0
+    min_segment_ms: int = 200  # shorter bursts (a cough, a click) are dropped
+
+    def __post_init__(self) -> None:
+        if self.aggressiveness not in (0, 1, 2, 3):
+            raise ValueError(f"aggressiveness must be 0..3, got {self.aggressiveness}")
+        for name in ("start_ms", "min_silence_ms", "partial_every_ms", "min_segment_ms"):
+            if getattr(self, name) < 20:
+                raise ValueError(f"{name} must be >= 20 ms")
+        if not 1.0 <= self.max_segment_s <= 120.0:
+            raise ValueError("max_segment_s must be 1-120")
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    start: int  # media time (samples at 16 kHz) of the utterance's first sample
+    audio: Int16Array
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    start: int
+    end: int  # media time just after its last speech frame
+    audio: Int16Array
+    cut: bool  # ended by max_segment_s, not by silence
+
+
+SegmentEvent = Partial | Final
+
+
+class SpeechSegmenter:
+    def __init__(self, config: SegmenterConfig | None = None) -> None:
+        self.config = cfg = config or SegmenterConfig()
+        self._vad = webrtcvad.Vad(cfg.aggressiveness)
+        self._pre: deque[Int16Array] = deque(maxlen=max(1, cfg.pre_roll_ms // 20))
+        self._recent: deque[bool] = deque(maxlen=max(1, 2 * cfg.start_ms // 20))
+        self._start_frames = max(1, cfg.start_ms // 20)
+        self._end_frames = max(1, cfg.min_silence_ms // 20)
+        self._partial_frames = max(1, cfg.partial_every_ms // 20)
+        self._max_frames = int(cfg.max_segment_s * 1000) // 20
+        self._min_frames = max(1, cfg.min_segment_ms // 20)
+        self._frames: list[Int16Array] = []  # the open utterance
+        self._speech_frames = 0
+        self._silent = 0
+        self._since_partial = 0
+        self._start = 0
+        self._last_speech_end = 0
+        self.pos = 0  # media time of the next frame
+
+    @property
+    def speaking(self) -> bool:
+        return bool(self._frames)
+
+    @property
+    def buffered_samples(self) -> int:
+        return sum(f.size for f in self._frames) + sum(f.size for f in self._pre)
+
+    def feed(self, frame: Int16Array) -> list[SegmentEvent]:
+        """One 20 ms frame of 16 kHz int16 audio."""
+        if frame.size != FRAME:
+            raise ValueError(f"expected {FRAME} samples (20 ms at 16 kHz), got {frame.size}")
+        at = self.pos
+        self.pos += FRAME
+        speech = self._vad.is_speech(frame.tobytes(), RATE)
+        out: list[SegmentEvent] = []
+        if not self._frames:
+            self._recent.append(speech)
+            self._pre.append(frame)
+            if speech and sum(self._recent) >= self._start_frames:
+                # Open: the pre-roll (which holds the speech frames that opened it) first.
+                self._frames = list(self._pre)
+                self._start = at + FRAME - FRAME * len(self._pre)
+                self._pre.clear()
+                self._recent.clear()
+                self._speech_frames = self._start_frames
+                self._silent = 0
+                self._since_partial = 0
+                self._last_speech_end = at + FRAME
+            return out
+        self._frames.append(frame)
+        self._since_partial += 1
+        if speech:
+            self._speech_frames += 1
+            self._silent = 0
+            self._last_speech_end = at + FRAME
+        else:
+            self._silent += 1
+        if self._silent >= self._end_frames:
+            out += self._close(cut=False)
+        elif len(self._frames) >= self._max_frames:
+            out += self._close(cut=True)
+        elif self._since_partial >= self._partial_frames:
+            self._since_partial = 0
+            out.append(Partial(self._start, np.concatenate(self._frames)))
+        return out
+
+    def flush(self) -> list[SegmentEvent]:
+        """The stream ended (the call did): close an open utterance."""
+        return self._close(cut=False) if self._frames else []
+
+    def _close(self, *, cut: bool) -> list[SegmentEvent]:
+        frames, self._frames = self._frames, []
+        speech = self._speech_frames
+        self._speech_frames = 0
+        self._silent = 0
+        if speech < self._min_frames:
+            return []  # a click or a cough
+        # Trailing silence beyond a short tail is not the caller's: keep 100 ms of it.
+        keep = (self._last_speech_end - self._start) // FRAME + 5
+        audio = np.concatenate(frames[: max(1, keep)])
+        end = self._last_speech_end
+        if cut:
+            # A long monologue goes on: the next utterance starts right here.
+            self._frames = []
+        return [Final(self._start, end, audio, cut)]

@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     import gateway.commands
     import synth.commands
     from voxgate import serve
+    from voxgate.bench import mock_llm
     from voxgate.bench.commands import register_bench
 
     serve.register(sub)
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsp.commands.register(sub)
     synth.commands.register(sub)
     register_bench(bench_sub)
+    mock_llm.register(sub)
     return parser
 
 

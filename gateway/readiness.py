@@ -69,5 +69,10 @@ class WorkerReadiness:
 
     async def _run(self) -> None:
         while True:
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:
+                # Whatever the bus raised, this view must go on: not ready until it answers.
+                log.exception("readiness check failed")
+                self._ready.clear()
             await asyncio.sleep(self.period_s if self.ready else self.fast_period_s)

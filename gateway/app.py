@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.agents.ivr import IvrAgent
+from gateway.agents.registry import AgentRegistry
 from gateway.api.routes import check_bind_safety, make_app, start_api, stop_api
 from gateway.call.manager import CallManager
 from gateway.legs.sip.register import Registrar
@@ -25,7 +25,7 @@ from gateway.rtp.endpoint import MediaTicker
 from gateway.sip import parse_uri
 from gateway.sip.events import SipEvent
 from voxgate.contract.bus.base import Bus
-from voxgate.contract.config import Config, parse_hostport
+from voxgate.contract.config import Config, ConfigError, parse_hostport
 from voxgate.contract.runtime import build_bus, install_stop_signals
 
 log = logging.getLogger("voxgate.gateway")
@@ -35,12 +35,16 @@ class Gateway:
     def __init__(self, cfg: Config, bus: Bus) -> None:
         self.cfg = cfg
         self.bus = bus
-        ivr = cfg.ivr
+        # The key is read from the environment variable [llm] api_key_env names, now: a
+        # missing one stops the start with one line, not the first call.
+        api_key = cfg.llm.api_key() if cfg.llm.base_url else None
+        self.agents = AgentRegistry(cfg, api_key=api_key)
         self.manager = CallManager(
-            bus, lambda info: IvrAgent(ivr), max_calls=cfg.gateway.max_calls,
+            bus, self.agents.default, max_calls=cfg.gateway.max_calls,
             max_text_chars=cfg.synth.max_text_chars, bargein=cfg.bargein,
             synth_timeout_s=cfg.worker.default_deadline_s + 2.0,
         )  # fmt: skip
+        self.manager.agents = self.agents
         self.ticker = MediaTicker()
         self.readiness = WorkerReadiness(bus)
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker, self.readiness)
@@ -68,6 +72,10 @@ class Gateway:
         g = self.cfg.gateway
         host, port = parse_hostport("gateway.http_listen", g.http_listen)
         check_bind_safety(host, g.api_token or None)  # before anything listens
+        try:
+            await self.agents.warm()  # the default agent's models, before any call is taken
+        except RuntimeError as exc:  # the speech-to-text / end-of-turn model is missing
+            raise ConfigError(f"agent.kind: {exc}") from None
         self.readiness.start()
         await self.readiness.refresh()
         await self.ua.start()
@@ -113,6 +121,7 @@ class Gateway:
         if self.runner is not None:
             await stop_api(self.runner)
         await self.metrics.close()
+        await self.agents.close()
 
 
 # Something run beside the gateway in its process (``voxgate serve``: a worker): started once the

@@ -9,6 +9,10 @@ on the agent's own task (off the media path: a slow agent delays only itself):
 - ``SpeechStarted`` / ``SpeechStopped`` (the echo-aware detector's view of the caller);
 - ``CallStateChanged`` (``ended``, with its reason, is the last one).
 
+An agent reports its conversation with ``emit``: ``Transcript`` (caller and agent words),
+``AgentTurn`` (an exchange's timings), ``AgentError`` (a fallback taken); these go to
+``/api/events`` and the call's record (``GET /api/calls/{id}``), not back to the agent.
+
 Not delivered: ``UtteranceStarted`` (the echo of the agent's own ``say``). An agent that needs
 to hear the caller reads ``caller_audio()``. The embedded default is the IVR in
 ``gateway.agents.ivr``; a pipecat pipeline fits the same shape (events in as frames, ``say``
@@ -43,9 +47,16 @@ class CallHandle(Protocol):
         ``dtmf_interrupts`` / ``barge_in`` let a key press / the caller's voice cut it short."""
         ...
 
-    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
+    async def say_stream(
+        self, chunks: AsyncIterator[str], *, utterances: list[str] | None = None
+    ) -> str:
         """Speak text arriving in pieces (an LLM's tokens): cut by the chunker, the first
-        clause is spoken while the rest still arrives. Returns the first utterance's id."""
+        clause is spoken while the rest still arrives. Returns the first utterance's id;
+        ``utterances`` (when given) collects the id of every piece as it is queued."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Report an ``AgentEvent`` (transcripts, timings, errors) on the call."""
         ...
 
     def interrupt(self, *, clear_queue: bool = True) -> None:

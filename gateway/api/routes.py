@@ -466,16 +466,19 @@ class _Api:
         return web.json_response({"calls": [c.to_json() for c in self.control.list_calls()]})
 
     async def get_call(self, request: web.Request) -> web.Response:
-        return web.json_response(self.control.get_call(request.match_info["id"]).to_json())
+        return web.json_response(self.control.call_record(request.match_info["id"]))
 
     async def originate(self, request: web.Request) -> web.Response:
         body = await json_object(request)
-        _only(body, ("to", "from"))
+        _only(body, ("to", "from", "agent"))
         to = _sip_uri("to", _string(body, "to"))
         caller = _optional_string(body, "from")
         if caller is not None:
             caller = _sip_uri("from", caller)
-        info = await self.control.originate(to, caller=caller)
+        agent = body.get("agent")
+        if agent is not None and not isinstance(agent, dict):
+            raise BadRequest(f"'agent' must be an object, got {_json_type(agent)}")
+        info = await self.control.originate(to, caller=caller, agent=agent)
         return web.json_response(
             info.to_json(), status=201, headers={"Location": f"/api/calls/{info.id}"}
         )

@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from gateway.agents.base import Agent
 from gateway.call.control import (
+    AgentEvent,
     BadRequest,
     BargeIn,
     CallInfo,
@@ -37,6 +38,7 @@ from gateway.call.control import (
     SpeechStarted,
     SpeechStopped,
     TextTooLong,
+    Transcript,
     UtteranceFinished,
     UtteranceStarted,
     WorkerStopped,
@@ -60,6 +62,9 @@ from voxgate.contract.dtmf import DTMF_KEYS
 from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.calls")
+
+# Lines of conversation kept in a call's record (a long call keeps its latest).
+TRANSCRIPT_LINES = 1000
 
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
 ERR_NO_WORKER = "no_worker"
@@ -137,6 +142,12 @@ class Call:
         self.listeners: list[Callable[[Event], None]] = []
         self.leg: Leg | None = None
         self.agent: Agent | None = None
+        # The agent asked for this call (POST /api/calls {"agent": ...}, validated); None: the
+        # gateway's default.
+        self.agent_spec: dict[str, object] | None = None
+        # The conversation for the call's record (GET /api/calls/{id}): final transcripts of
+        # both sides, bounded.
+        self.transcript: deque[dict[str, object]] = deque(maxlen=TRANSCRIPT_LINES)
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._agent_queue: asyncio.Queue[Event | None] = asyncio.Queue()
@@ -189,10 +200,12 @@ class Call:
         )  # fmt: skip
         return utt
 
-    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
+    async def say_stream(
+        self, chunks: AsyncIterator[str], *, utterances: list[str] | None = None
+    ) -> str:
         """Speak text arriving in pieces: each chunker piece becomes one queued utterance as
         soon as it is complete, so the first words play while the rest is still arriving.
-        Returns the id of the first utterance."""
+        Returns the id of the first utterance; ``utterances`` collects every one, as queued."""
         chunker = Chunker()
         first: str | None = None
         total = 0
@@ -205,9 +218,13 @@ class Call:
             for text in chunker.feed(piece):
                 utt = await self.say(text)
                 first = first or utt
+                if utterances is not None:
+                    utterances.append(utt)
         for text in chunker.flush():
             utt = await self.say(text)
             first = first or utt
+            if utterances is not None:
+                utterances.append(utt)
         if first is None:
             raise BadRequest("streamed text had nothing to speak")
         return first
@@ -384,15 +401,26 @@ class Call:
             if task is not asyncio.current_task() and not task.get_name().startswith("agent"):
                 task.cancel()
 
+    def record(self) -> dict[str, object]:
+        """The call's facts and its conversation (``GET /api/calls/{id}``)."""
+        spec = self.agent_spec or {}
+        kind = spec.get("kind") or getattr(self.agent, "kind", None)
+        return {**self._info.to_json(), "agent": kind, "transcript": list(self.transcript)}
+
     # --- internals -----------------------------------------------------------------------
     def emit(self, event: Event) -> None:
+        """Publish ``event`` (on /api/events, to the call's listeners and, unless it is the
+        agent's own report or the echo of its say(), to the agent). Agents report their
+        conversation here (``Transcript``, ``AgentTurn``, ``AgentError``)."""
         self.history.append(event)
+        if isinstance(event, Transcript) and event.final:
+            self.transcript.append({"role": event.role, "text": event.text, "ts": event.ts})
         self.manager.publish(event)
         for listener in self.listeners:
             listener(event)
         # Agents get what they act on (DTMF, speech, utterance ends, state changes: the
-        # interface promises them), not the echo of their own say().
-        if self.agent is not None and not isinstance(event, UtteranceStarted):
+        # interface promises them), not the echo of their own say() or reports.
+        if self.agent is not None and not isinstance(event, UtteranceStarted | AgentEvent):
             self._agent_queue.put_nowait(event)
 
     def _on_playout(self, events: list[PlayoutEvent]) -> None:
@@ -411,12 +439,13 @@ class Call:
                     )
                 )
             elif isinstance(ev, PlayoutFinished):
-                self.utterances.finish(ev.utterance_id)
+                done = self.utterances.finish(ev.utterance_id)
                 if ev.outcome in ("interrupted", "cancelled"):
                     self._spawn(self._cancel(ev.utterance_id))
                 self.emit(UtteranceFinished(
                     self.id, utterance_id=ev.utterance_id, outcome=ev.outcome,
                     heard=" ".join(ev.heard), error=ev.error,
+                    text=done.text if done is not None else "",
                 ))  # fmt: skip
 
     async def _cancel(self, utterance_id: str) -> None:

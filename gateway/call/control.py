@@ -114,9 +114,11 @@ class UtteranceFinished(Event):
     utterance_id: str = ""
     # done | interrupted | cancelled | error
     outcome: str = "done"
-    # Words the caller heard before it stopped (all of them when done).
+    # Words the caller heard before it stopped (all of them when done), as spoken words.
     heard: str = ""
     error: str | None = None
+    # The utterance's whole text, as it was given to say().
+    text: str = ""
     type: str = "utterance.finished"
 
 
@@ -156,6 +158,58 @@ class WorkerStopped(Event):
     type: str = "bargein.worker_stopped"
 
 
+@dataclass(frozen=True, slots=True)
+class AgentEvent(Event):
+    """Base of what an agent reports about its conversation (``CallHandle.emit``): published
+    on ``/api/events`` and kept in the call's record, never delivered back to the agent."""
+
+    type: str = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript(AgentEvent):
+    """Words of the conversation. ``role`` "caller": what the speech-to-text heard (``final``
+    False for live partials while the caller speaks); "agent": what the caller heard of the
+    agent (a whole reply, or up to where the caller cut it short)."""
+
+    role: str = "caller"
+    text: str = ""
+    final: bool = True
+    type: str = "transcript"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTurn(AgentEvent):
+    """One exchange's timings (wall clock, epoch seconds, and compute in ms), published when
+    the agent's first words of the reply are queued: the caller's turn ended
+    (``decided_at``; ``reason``: model | silence | cut), the recogniser and end-of-turn model
+    took ``stt_ms``/``eot_ms``, the model's first token came at ``first_token_at`` and the
+    first piece was queued as ``utterance_id`` at ``first_say_at`` (its first audio is that
+    utterance's ``utterance.started``)."""
+
+    text: str = ""
+    reason: str = ""
+    probability: float | None = None
+    speech_end_ms: float = 0.0  # media time of the caller's last speech frame
+    decided_at: float = 0.0
+    stt_ms: float = 0.0
+    eot_ms: float = 0.0
+    first_token_at: float | None = None
+    first_say_at: float | None = None
+    utterance_id: str = ""
+    type: str = "agent.turn"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentError(AgentEvent):
+    """Something the agent depends on failed and it fell back (the call goes on): ``kind``
+    llm_timeout | llm_unreachable | llm_status | llm_malformed | tool | stt."""
+
+    kind: str = ""
+    message: str = ""
+    type: str = "agent.error"
+
+
 def event_json(event: Event) -> str:
     return json.dumps(dataclasses.asdict(event), separators=(",", ":"))
 
@@ -169,8 +223,17 @@ class CallControl(Protocol):
         """Raises UnknownCall."""
         ...
 
-    async def originate(self, to: str, *, caller: str | None = None) -> CallInfo:
-        """Place an outbound call to a ``sip:``/``sips:`` URI; returns at once (state ringing)."""
+    async def originate(
+        self, to: str, *, caller: str | None = None, agent: dict[str, object] | None = None
+    ) -> CallInfo:
+        """Place an outbound call to a ``sip:``/``sips:`` URI; returns at once (state ringing).
+        ``agent``: the agent for this call (``{"kind": "llm", "system_prompt", "vars", ...}``;
+        None: the gateway's own). Raises BadRequest for a bad agent before dialling."""
+        ...
+
+    def call_record(self, call_id: str) -> dict[str, object]:
+        """The call's facts and its conversation so far (``transcript``), live or ended
+        recently. Raises UnknownCall."""
         ...
 
     async def say(self, call_id: str, text: str, *, interrupt: bool = False) -> str:

@@ -9,11 +9,14 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from gateway.agents.base import Agent, AgentFactory
 from gateway.call.calls import Call
 from gateway.call.control import (
+    BadRequest,
     CallInfo,
     CallStateChanged,
     Event,
@@ -34,6 +37,18 @@ EVENT_QUEUE = 1000
 # tick, so a decision still lands before the call's next frame is pulled: the fade starts on
 # the same packet as if the frame had been analysed at once.
 DETECT_BATCH_S = 0.008
+# Records of ended calls kept for GET /api/calls/{id} (their transcripts), newest last.
+ENDED_RECORDS = 500
+
+
+class AgentChooser(Protocol):
+    """Builds the agent a call asked for (``gateway.agents.registry.AgentRegistry``)."""
+
+    def validate(self, spec: object) -> dict[str, object]:
+        """A per-call agent request, checked (raises BadRequest with the reason)."""
+        ...
+
+    def build(self, info: CallInfo, spec: dict[str, object] | None) -> Agent: ...
 
 
 class CallManager:
@@ -56,6 +71,10 @@ class CallManager:
         self.synth_timeout_s = synth_timeout_s
         self.bargein = bargein
         self.agent_factory = agent_factory
+        # Agents by kind, for calls that name their own (POST /api/calls {"agent": ...}) and
+        # for the configured default kind; None: only ``agent_factory``.
+        self.agents: AgentChooser | None = None
+        self.ended: OrderedDict[str, dict[str, object]] = OrderedDict()
         self.max_calls = max_calls
         self.max_text_chars = max_text_chars
         self.calls: dict[str, Call] = {}
@@ -143,12 +162,17 @@ class CallManager:
 
     def forget(self, call: Call) -> None:
         self.calls.pop(call.id, None)
+        self.ended[call.id] = call.record()
+        while len(self.ended) > ENDED_RECORDS:
+            self.ended.popitem(last=False)
         reason = call.info.end_reason or "unknown"
         self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
         for hook in self.on_forget:
             hook(call)
 
     def agent_for(self, call: Call) -> Agent | None:
+        if call.agent_spec is not None and self.agents is not None:
+            return self.agents.build(call.info, call.agent_spec)
         return self.agent_factory(call.info) if self.agent_factory is not None else None
 
     def publish(self, event: Event) -> None:
@@ -169,13 +193,31 @@ class CallManager:
             raise UnknownCall(f"no call {call_id!r}")
         return call
 
-    async def originate(self, to: str, *, caller: str | None = None) -> CallInfo:
+    async def originate(
+        self, to: str, *, caller: str | None = None, agent: dict[str, object] | None = None
+    ) -> CallInfo:
+        spec = None
+        if agent is not None:
+            if self.agents is None:
+                raise BadRequest("this gateway does not choose agents per call")
+            spec = self.agents.validate(agent)  # before dialling anybody
         if self.originate_hook is None:
             raise Unavailable("outbound calls are not configured on this gateway")
         if self.full():
             raise Unavailable(f"at the call limit ({self.max_calls})")
         call = await self.originate_hook(to, caller)
+        # Set before any answer can arrive: the hook returns as soon as the INVITE is out.
+        call.agent_spec = spec
         return call.info
+
+    def call_record(self, call_id: str) -> dict[str, object]:
+        call = self.calls.get(call_id)
+        if call is not None:
+            return call.record()
+        record = self.ended.get(call_id)
+        if record is None:
+            raise UnknownCall(f"no call {call_id!r}")
+        return record
 
     async def say(self, call_id: str, text: str, *, interrupt: bool = False) -> str:
         return await self._call(call_id).say(text, interrupt=interrupt)

@@ -5,6 +5,10 @@ what to transcribe:
 
 - :class:`Partial` — the audio of the utterance so far, every ``partial_every_ms`` while the
   caller speaks (for live captions and early intent);
+- :class:`Pause` — the caller paused (``pause_ms`` of non-speech, once per pause): the audio
+  the :class:`Final` will carry if nothing more is said, so recognition can start before the
+  silence that ends the utterance has passed (an eager transcript; reuse it when the
+  :class:`Final` has the same ``start``/``end``);
 - :class:`Final` — the whole utterance once ``min_silence_ms`` of non-speech followed it, or
   when it reached ``max_segment_s`` (a monologue is cut there, so memory stays bounded).
 
@@ -25,6 +29,8 @@ import webrtcvad
 
 RATE = 16000
 FRAME = RATE * 20 // 1000
+# Non-speech kept after an utterance's last speech frame (soft word endings): 100 ms.
+TAIL_FRAMES = 5
 Int16Array = npt.NDArray[np.int16]
 
 
@@ -37,6 +43,7 @@ class SegmenterConfig:
     partial_every_ms: int = 600
     max_segment_s: float = 15.0
     min_segment_ms: int = 200  # shorter bursts (a cough, a click) are dropped
+    pause_ms: int = 0  # non-speech that announces a Pause (0: no Pause events)
 
     def __post_init__(self) -> None:
         if self.aggressiveness not in (0, 1, 2, 3):
@@ -46,12 +53,23 @@ class SegmenterConfig:
                 raise ValueError(f"{name} must be >= 20 ms")
         if not 1.0 <= self.max_segment_s <= 120.0:
             raise ValueError("max_segment_s must be 1-120")
+        if self.pause_ms and not TAIL_FRAMES * 20 <= self.pause_ms < self.min_silence_ms:
+            raise ValueError(
+                f"pause_ms must be 0 or {TAIL_FRAMES * 20} <= pause_ms < min_silence_ms"
+            )
 
 
 @dataclass(frozen=True, slots=True)
 class Partial:
     start: int  # media time (samples at 16 kHz) of the utterance's first sample
     audio: Int16Array
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    start: int
+    end: int  # media time just after the last speech frame so far
+    audio: Int16Array  # what a Final ending here would carry
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +80,7 @@ class Final:
     cut: bool  # ended by max_segment_s, not by silence
 
 
-SegmentEvent = Partial | Final
+SegmentEvent = Partial | Pause | Final
 
 
 class SpeechSegmenter:
@@ -74,6 +92,7 @@ class SpeechSegmenter:
         self._start_frames = max(1, cfg.start_ms // 20)
         self._end_frames = max(1, cfg.min_silence_ms // 20)
         self._partial_frames = max(1, cfg.partial_every_ms // 20)
+        self._pause_frames = cfg.pause_ms // 20
         self._max_frames = int(cfg.max_segment_s * 1000) // 20
         self._min_frames = max(1, cfg.min_segment_ms // 20)
         self._frames: list[Int16Array] = []  # the open utterance
@@ -122,6 +141,8 @@ class SpeechSegmenter:
             self._last_speech_end = at + FRAME
         else:
             self._silent += 1
+            if self._silent == self._pause_frames:
+                out.append(Pause(self._start, self._last_speech_end, self._tail_audio()))
         if self._silent >= self._end_frames:
             out += self._close(cut=False)
         elif len(self._frames) >= self._max_frames:
@@ -135,6 +156,13 @@ class SpeechSegmenter:
         """The stream ended (the call did): close an open utterance."""
         return self._close(cut=False) if self._frames else []
 
+    def _tail_audio(self, frames: list[Int16Array] | None = None) -> Int16Array:
+        """The utterance up to its last speech frame and a short tail: trailing silence
+        beyond that is not the caller's."""
+        frames = self._frames if frames is None else frames
+        keep = (self._last_speech_end - self._start) // FRAME + TAIL_FRAMES
+        return np.concatenate(frames[: max(1, keep)])
+
     def _close(self, *, cut: bool) -> list[SegmentEvent]:
         frames, self._frames = self._frames, []
         speech = self._speech_frames
@@ -142,9 +170,7 @@ class SpeechSegmenter:
         self._silent = 0
         if speech < self._min_frames:
             return []  # a click or a cough
-        # Trailing silence beyond a short tail is not the caller's: keep 100 ms of it.
-        keep = (self._last_speech_end - self._start) // FRAME + 5
-        audio = np.concatenate(frames[: max(1, keep)])
+        audio = self._tail_audio(frames)
         end = self._last_speech_end
         if cut:
             # A long monologue goes on: the next utterance starts right here.

@@ -24,6 +24,7 @@ from gateway.stt.segmenter import (
     Final,
     Int16Array,
     Partial,
+    Pause,
     SegmenterConfig,
     SpeechSegmenter,
 )
@@ -104,7 +105,9 @@ class StreamingTranscriber:
             await worker
             await self._out.put(None)
 
-    def _queue(self, ev: Partial | Final) -> None:
+    def _queue(self, ev: Partial | Pause | Final) -> None:
+        if isinstance(ev, Pause):
+            return  # captions need no eager transcript
         # Only the newest partial is worth recognising; a final makes queued partials moot.
         kept = [j for j in self._jobs if isinstance(j, Final)]
         self.dropped_partials += len(self._jobs) - len(kept)

@@ -54,6 +54,7 @@ class FakeControl:
         self.dtmf: list[tuple[str, str]] = []
         self.hung_up: list[str] = []
         self.originated: list[tuple[str, str | None]] = []
+        self.agents: list[dict[str, object] | None] = []
         self.subscribers: list[_Subscription] = []
         # Streamed say: every piece as it arrived, and how the stream ended.
         self.pieces: list[str] = []
@@ -102,9 +103,15 @@ class FakeControl:
     def get_call(self, call_id: str) -> CallInfo:
         return self._call(call_id)
 
-    async def originate(self, to: str, *, caller: str | None = None) -> CallInfo:
+    def call_record(self, call_id: str) -> dict[str, object]:
+        return {**self._call(call_id).to_json(), "agent": "ivr", "transcript": []}
+
+    async def originate(
+        self, to: str, *, caller: str | None = None, agent: dict[str, object] | None = None
+    ) -> CallInfo:
         self._maybe_fail()
         self.originated.append((to, caller))
+        self.agents.append(agent)
         return self.add_call(
             "out1", direction="outbound", state="ringing", remote=to, answered_at=None
         )

@@ -49,6 +49,8 @@ async def test_get_call(client: Client, control: FakeControl) -> None:
         "end_reason": None,
         "codec": "PCMU",
         "speaking": False,
+        "agent": "ivr",
+        "transcript": [],
     }
 
 
@@ -64,6 +66,18 @@ async def test_originate(client: Client, control: FakeControl) -> None:
     assert await resp.json() == call_json(control, "out1")
     assert resp.headers["Location"] == "/api/calls/out1"
     assert control.originated == [("sip:bob@example.com", None)]
+
+
+async def test_originate_with_an_agent_passes_it_on(
+    client: Client, control: FakeControl
+) -> None:
+    agent = {"kind": "llm", "system_prompt": "Be brief.", "vars": {"name": "Ann"}}
+    resp = await client.post("/api/calls", json={"to": "sip:bob@example.com", "agent": agent})
+    assert resp.status == 201
+    assert control.agents == [agent]
+    resp = await client.post("/api/calls", json={"to": "sip:bob@example.com", "agent": "llm"})
+    assert resp.status == 422
+    assert (await resp.json())["error"]["message"] == "'agent' must be an object, got string"
 
 
 async def test_originate_with_from(client: Client, control: FakeControl) -> None:

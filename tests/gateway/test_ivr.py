@@ -7,7 +7,7 @@ import itertools
 from collections.abc import AsyncIterator
 
 from gateway.agents.ivr import IvrAgent
-from gateway.call.control import CallInfo, DtmfReceived, UtteranceFinished
+from gateway.call.control import CallInfo, DtmfReceived, Event, UtteranceFinished
 from gateway.media.tap import CallerAudioTap
 from voxgate.contract.config import IvrConfig
 
@@ -16,6 +16,7 @@ class RecordingCall:
     def __init__(self) -> None:
         self.said: list[tuple[str, str, bool]] = []
         self.hung_up: list[str] = []
+        self.emitted: list[Event] = []
         self.dtmf: list[str] = []
         self.interrupted = 0
         self._ids = itertools.count(1)
@@ -29,15 +30,27 @@ class RecordingCall:
         return CallInfo("call-1", "sip", "inbound", "answered", "sip:a@b", "sip:c@d", 0.0)
 
     async def say(
-        self, text: str, *, interrupt: bool = False, dtmf_interrupts: bool = True,
+        self,
+        text: str,
+        *,
+        interrupt: bool = False,
+        dtmf_interrupts: bool = True,
         barge_in: bool = True,
     ) -> str:
         utt = f"u{next(self._ids)}"
         self.said.append((utt, text, interrupt))
         return utt
 
-    async def say_stream(self, chunks: AsyncIterator[str]) -> str:
-        return await self.say("".join([c async for c in chunks]))
+    async def say_stream(
+        self, chunks: AsyncIterator[str], *, utterances: list[str] | None = None
+    ) -> str:
+        utt = await self.say("".join([c async for c in chunks]))
+        if utterances is not None:
+            utterances.append(utt)
+        return utt
+
+    def emit(self, event: Event) -> None:
+        self.emitted.append(event)
 
     def interrupt(self, *, clear_queue: bool = True) -> None:
         self.interrupted += 1

@@ -15,7 +15,15 @@ from dsp.g711 import ulaw_decode, ulaw_encode
 from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
 from gateway.stt.base import to_stt_rate
-from gateway.stt.segmenter import FRAME, RATE, Final, Partial, SegmenterConfig, SpeechSegmenter
+from gateway.stt.segmenter import (
+    FRAME,
+    RATE,
+    Final,
+    Partial,
+    SegmenterConfig,
+    SegmentEvent,
+    SpeechSegmenter,
+)
 from gateway.stt.stream import StreamingTranscriber
 from gateway.stt.whisper import WhisperStt
 from synth.engines import load_engine
@@ -45,8 +53,8 @@ def frames_of(x: np.ndarray) -> list[np.ndarray]:
     return [x[i : i + FRAME] for i in range(0, n, FRAME)]
 
 
-def run(seg: SpeechSegmenter, x: np.ndarray) -> list[Partial | Final]:
-    out: list[Partial | Final] = []
+def run(seg: SpeechSegmenter, x: np.ndarray) -> list[SegmentEvent]:
+    out: list[SegmentEvent] = []
     for f in frames_of(x):
         out += seg.feed(f)
     return out + seg.flush()

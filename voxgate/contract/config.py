@@ -215,6 +215,117 @@ class IvrConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Which agent answers a call (a call placed through the API may name its own)."""
+
+    # "ivr": the DTMF menu of [ivr] (the embedded default); "llm": a conversation through an
+    # OpenAI-compatible chat endpoint ([llm]), hearing the caller with speech-to-text ([turn]).
+    kind: str = "ivr"
+
+    def validate(self) -> None:
+        _choice("agent.kind", self.kind, AGENT_KINDS)
+
+
+AGENT_KINDS = ("ivr", "llm")
+
+
+@dataclass
+class LlmConfig:
+    """The ``llm`` agent's model: any OpenAI-compatible endpoint (vLLM, llama-server, Ollama,
+    a hosted API, ``voxgate mock-llm``)."""
+
+    # e.g. http://127.0.0.1:8000/v1 (chat completions are POSTed to {base_url}/chat/completions).
+    base_url: str = ""
+    model: str = "default"
+    # The NAME of the environment variable holding the API key (never the key itself: config
+    # files get committed and printed). Empty: no Authorization header.
+    api_key_env: str = ""
+    system_prompt: str = (
+        "You are the voice agent of a call center, speaking with a caller on the phone. "
+        "Answer in one or two short spoken sentences, without lists, markup or emojis. "
+        "Use the tools to end the call or send keys when asked."
+    )
+    # Spoken when the call is answered (a call's vars may replace it: {"greeting": ...});
+    # {name} placeholders are filled from the call's vars.
+    greeting: str = "Hello, thank you for calling. How can I help you today?"
+    temperature: float = 0.3
+    max_tokens: int = 200
+    # The endpoint must answer (first token) and keep streaming within this long.
+    timeout_s: float = 8.0
+    # Spoken when the model is unreachable, too slow or answers garbage; the call goes on.
+    fallback: str = "Sorry, I did not catch that. Could you say it again?"
+    # Conversation messages kept (besides the system prompt); older turns are dropped.
+    max_history: int = 40
+
+    def validate(self) -> None:
+        if self.base_url and not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"llm.base_url: expected an http(s) URL, got {self.base_url!r}")
+        if self.api_key_env and not self.api_key_env.replace("_", "").isalnum():
+            raise ConfigError(
+                "llm.api_key_env: the NAME of an environment variable (not the key), "
+                f"got {self.api_key_env!r}"
+            )
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ConfigError(f"llm.temperature: must be 0-2, got {self.temperature}")
+        _positive("llm.max_tokens", self.max_tokens)
+        _positive("llm.timeout_s", self.timeout_s)
+        _positive("llm.max_history", self.max_history)
+        if not self.fallback.strip():
+            raise ConfigError("llm.fallback: must not be empty (it is what callers hear)")
+
+    def api_key(self, env: Mapping[str, str] | None = None) -> str | None:
+        if not self.api_key_env:
+            return None
+        env = os.environ if env is None else env
+        key = env.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"llm.api_key_env: the environment variable {self.api_key_env} is not set"
+            )
+        return key
+
+
+@dataclass
+class TurnConfig:
+    """When the caller has finished speaking (the ``llm`` agent's turn-taking)."""
+
+    # Silence (VAD) after speech before the end-of-turn model is asked.
+    min_silence_ms: int = 200
+    # Silence that ends the turn even when the model thinks the caller is not finished.
+    max_silence_ms: int = 1500
+    # The semantic end-of-turn model (smart-turn v3, bundled in pipecat-ai); off: silence only
+    # (min_silence_ms ends the turn).
+    smart_turn: bool = True
+    # Probability of "finished" from which the model's verdict ends the turn.
+    threshold: float = 0.5
+    # webrtcvad mode on the caller's audio for turn-taking (0 least .. 3 most aggressive).
+    vad_aggressiveness: int = 2
+    # Longest single caller utterance transcribed in one piece; a monologue is cut there.
+    max_segment_s: float = 15.0
+    # Speech-to-text: CPU threads for the recogniser (shared by all calls, one decode at a time).
+    stt_threads: int = 2
+
+    def validate(self) -> None:
+        if not 60 <= self.min_silence_ms <= 5000:
+            raise ConfigError(f"turn.min_silence_ms: must be 60-5000, got {self.min_silence_ms}")
+        if not self.min_silence_ms <= self.max_silence_ms <= 10000:
+            raise ConfigError(
+                "turn.max_silence_ms: must be between turn.min_silence_ms and 10000, got "
+                f"{self.max_silence_ms}"
+            )
+        if not 0.0 < self.threshold < 1.0:
+            raise ConfigError(f"turn.threshold: must be between 0 and 1, got {self.threshold}")
+        if self.vad_aggressiveness not in (0, 1, 2, 3):
+            raise ConfigError(
+                f"turn.vad_aggressiveness: must be 0-3, got {self.vad_aggressiveness}"
+            )
+        if not 1.0 <= self.max_segment_s <= 120.0:
+            raise ConfigError(f"turn.max_segment_s: must be 1-120, got {self.max_segment_s}")
+        if not 1 <= self.stt_threads <= 64:
+            raise ConfigError(f"turn.stt_threads: must be 1-64, got {self.stt_threads}")
+
+
+@dataclass
 class BargeinSettings:
     """Caller speech over the agent: VAD on inbound audio, echo-aware (gateway.media.bargein)."""
 
@@ -269,9 +380,7 @@ class WebrtcConfig:
     def validate(self) -> None:
         for url in self.ice_urls():
             if not url.startswith(("stun:", "stuns:", "turn:", "turns:")):
-                raise ConfigError(
-                    f"webrtc.ice_servers: expected stun:/turn: URLs, got {url!r}"
-                )
+                raise ConfigError(f"webrtc.ice_servers: expected stun:/turn: URLs, got {url!r}")
         _positive("webrtc.media_timeout_s", self.media_timeout_s)
         _positive("webrtc.connect_timeout_s", self.connect_timeout_s)
 
@@ -294,6 +403,9 @@ class Config:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     ivr: IvrConfig = field(default_factory=IvrConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    turn: TurnConfig = field(default_factory=TurnConfig)
     bargein: BargeinSettings = field(default_factory=BargeinSettings)
     webrtc: WebrtcConfig = field(default_factory=WebrtcConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -301,6 +413,12 @@ class Config:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
+        if self.agent.kind == "llm" and not self.llm.base_url:
+            raise ConfigError(
+                "llm.base_url: the llm agent needs an OpenAI-compatible endpoint "
+                "(set [llm] base_url, VOXGATE_LLM_BASE_URL or --llm-base-url, e.g. "
+                "http://127.0.0.1:8000/v1)"
+            )
 
 
 # Short flags documented in the README, mapped onto section.key.
@@ -457,7 +575,7 @@ def add_config_arguments(
 # worker's sections: the text limit it enforces before a request goes out, the rate browser
 # legs play at, and the worker's deadline (its own give-up timer is that plus a margin).
 GATEWAY_KEYS: tuple[str, ...] = (
-    "bus", "gateway", "ivr", "bargein", "webrtc", "log",
+    "bus", "gateway", "ivr", "agent", "llm", "turn", "bargein", "webrtc", "log",
     "synth.max_text_chars", "synth.wideband_rate", "worker.default_deadline_s",
 )  # fmt: skip
 WORKER_KEYS: tuple[str, ...] = ("bus", "synth", "worker", "log")

@@ -1,0 +1,316 @@
+"""What a conversational agent hears: the caller's audio in, live partial transcripts and
+finished turns out.
+
+    caller_audio(16 kHz, echo-gated) ─▶ SpeechSegmenter (webrtcvad)
+        Partial every partial_every_ms ──▶ STT ──▶ CallerPartial (captions; dropped when busy)
+        Pause at 100 ms of silence ──────▶ STT + end-of-turn model, started early (eager)
+        Final at turn.min_silence_ms ────▶ (the eager result when nothing more was said)
+                                            ──▶ complete? ──▶ CallerTurn
+                                            └─ not yet: wait for more speech, or for
+                                               turn.max_silence_ms of silence ──▶ CallerTurn
+
+End of turn is VAD silence plus the semantic end-of-turn model (smart-turn v3): after
+``min_silence_ms`` the model is asked whether the words so far sound finished ("I'd like to
+pay my bill" vs "I'd like to pay my bill and…"); when it says not yet, the turn waits for
+more speech up to ``max_silence_ms`` of silence. Recognition for the final transcript starts at
+the first 100 ms pause (the segment's audio is then already what the final will carry), so the
+recogniser runs while the silence that ends the turn is still being waited for.
+
+All CPU work (recogniser, end-of-turn model) runs off the event loop in the shared STT pool,
+one job at a time per call; a partial that is still waiting when a newer one comes is dropped,
+so a slow recogniser costs captions, never audio, turns or memory. Silence is counted on the
+media clock (frames received), not the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from gateway.stt.base import SpeechToText
+from gateway.stt.segmenter import (
+    FRAME,
+    RATE,
+    TAIL_FRAMES,
+    Final,
+    Int16Array,
+    Partial,
+    Pause,
+    SegmenterConfig,
+    SpeechSegmenter,
+)
+from gateway.stt.stream import stt_pool
+from gateway.stt.turn import EndOfTurnModel
+from voxgate.contract.config import TurnConfig
+
+log = logging.getLogger("voxgate.agents")
+
+# The end-of-turn model looks at the last 8 s of the turn; keep a little more.
+TURN_AUDIO_S = 10
+PARTIAL_EVERY_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class CallerPartial:
+    text: str
+    start_ms: float  # media time (caller audio clock) of the utterance's start
+
+
+@dataclass(frozen=True, slots=True)
+class CallerTurn:
+    text: str
+    start_ms: float
+    end_ms: float  # media time just after the caller's last speech frame
+    # What ended it: the model said finished ("model"), silence alone ("silence": no model, or
+    # max_silence_ms passed with the model saying not yet), a monologue cut at
+    # turn.max_segment_s ("cut"), or the call ended mid-turn ("hangup").
+    reason: Literal["model", "silence", "cut", "hangup"]
+    probability: float | None  # the model's last "finished" probability
+    stt_s: float  # recogniser compute for the final transcript(s)
+    eot_s: float  # end-of-turn model compute
+    decided_at: float = field(default_factory=time.time)  # wall clock of the decision
+
+
+HeardEvent = CallerPartial | CallerTurn
+
+
+@dataclass(slots=True)
+class _Recognised:
+    text: str
+    stt_s: float
+    complete: bool | None  # None: no model
+    probability: float | None
+    eot_s: float
+
+
+@dataclass(slots=True)
+class _Turn:
+    """The caller's turn so far: segments heard, waiting for the end of the turn."""
+
+    texts: list[str] = field(default_factory=list)
+    audio: list[Int16Array] = field(default_factory=list)
+    start: int = 0
+    end: int = 0
+    stt_s: float = 0.0
+    eot_s: float = 0.0
+    probability: float | None = None
+
+    def samples(self) -> int:
+        return sum(a.size for a in self.audio)
+
+    def add_audio(self, audio: Int16Array) -> None:
+        self.audio.append(audio)
+        # Bounded: only the end of a long turn matters to the model.
+        while self.samples() - self.audio[0].size >= TURN_AUDIO_S * RATE:
+            self.audio.pop(0)
+
+
+def segmenter_config(cfg: TurnConfig) -> SegmenterConfig:
+    return SegmenterConfig(
+        aggressiveness=cfg.vad_aggressiveness,
+        min_silence_ms=cfg.min_silence_ms,
+        partial_every_ms=PARTIAL_EVERY_MS,
+        max_segment_s=cfg.max_segment_s,
+        pause_ms=TAIL_FRAMES * 20 if cfg.min_silence_ms > TAIL_FRAMES * 20 else 0,
+    )
+
+
+class Hearing:
+    """``async for event in Hearing(frames, stt, model, cfg)``: CallerPartial and CallerTurn
+    events until the frames end (the call did) and the last turn is out."""
+
+    def __init__(
+        self,
+        frames: AsyncIterator[Int16Array],
+        stt: SpeechToText,
+        model: EndOfTurnModel | None,
+        cfg: TurnConfig,
+        *,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.stt = stt
+        self.model = model if cfg.smart_turn else None
+        self.cfg = cfg
+        self.segmenter = SpeechSegmenter(segmenter_config(cfg))
+        self._frames = frames
+        self._pool = pool or stt_pool()
+        self._out: asyncio.Queue[HeardEvent | None] = asyncio.Queue()
+        # Finals in order, each with its recognition job (eager or not).
+        self._finals: asyncio.Queue[tuple[Final, asyncio.Future[_Recognised]] | None] = (
+            asyncio.Queue()
+        )
+        self._eager: dict[tuple[int, int], asyncio.Future[_Recognised]] = {}
+        self._partial: Partial | None = None
+        self._partial_busy = False
+        self._turn: _Turn | None = None  # waiting for more speech or max_silence
+        self._gate = asyncio.Lock()  # one recognition job at a time per call
+        self._task: asyncio.Task[None] | None = None
+        self.dropped_partials = 0
+        self.turns = 0
+        self.errors = 0
+
+    def __aiter__(self) -> Hearing:
+        return self
+
+    async def __anext__(self) -> HeardEvent:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        ev = await self._out.get()
+        if ev is None:
+            raise StopAsyncIteration
+        return ev
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def buffered_samples(self) -> int:
+        """Audio held for the turn in progress (bounded: tests hold it to that)."""
+        turn = self._turn.samples() if self._turn is not None else 0
+        return self.segmenter.buffered_samples + turn
+
+    # --- the frame side ------------------------------------------------------------------
+    async def _run(self) -> None:
+        decider = asyncio.get_running_loop().create_task(self._decide())
+        try:
+            async for frame in self._frames:
+                for ev in self.segmenter.feed(frame):
+                    self._on_segment(ev)
+                self._check_max_silence()
+            for ev in self.segmenter.flush():
+                self._on_segment(ev)
+        finally:
+            await self._finals.put(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await decider
+            await self._out.put(None)
+
+    def _on_segment(self, ev: Partial | Pause | Final) -> None:
+        if isinstance(ev, Partial):
+            if self._partial_busy or self._gate.locked():
+                self.dropped_partials += 1  # captions only: never queue them behind turns
+                return
+            self._partial_busy = True
+            asyncio.get_running_loop().create_task(self._caption(ev))
+        elif isinstance(ev, Pause):
+            # New speech since an earlier pause makes that one's job moot.
+            for key, fut in list(self._eager.items()):
+                if key[0] == ev.start:
+                    fut.cancel()
+                    del self._eager[key]
+            self._eager[(ev.start, ev.end)] = self._recognise(ev.audio)
+        else:
+            job = self._eager.pop((ev.start, ev.end), None)
+            for fut in self._eager.values():
+                fut.cancel()
+            self._eager.clear()
+            self._finals.put_nowait((ev, job or self._recognise(ev.audio)))
+
+    def _check_max_silence(self) -> None:
+        turn = self._turn
+        if turn is None or self.segmenter.speaking:
+            return
+        silence = self.segmenter.pos - turn.end
+        if silence * 1000 >= self.cfg.max_silence_ms * RATE:
+            self._emit_turn("silence")
+
+    # --- recognition (off the loop) ------------------------------------------------------
+    def _recognise(self, audio: Int16Array) -> asyncio.Future[_Recognised]:
+        turn_audio = self._turn.audio if self._turn is not None else []
+        return asyncio.ensure_future(self._job(audio, turn_audio))
+
+    async def _job(self, audio: Int16Array, before: list[Int16Array]) -> _Recognised:
+        whole = np.concatenate([*before, audio]) if before else audio
+        async with self._gate:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, self._recognise_sync, audio, whole)
+
+    def _recognise_sync(self, audio: Int16Array, whole: Int16Array) -> _Recognised:
+        x = audio.astype(np.float32) / 32768.0
+        result = self.stt.transcribe(x)
+        if self.model is None or not result.text:
+            return _Recognised(result.text, result.compute_s, None, None, 0.0)
+        verdict = self.model.predict(whole.astype(np.float32) / 32768.0)
+        return _Recognised(
+            result.text, result.compute_s, verdict.complete, verdict.probability,
+            verdict.compute_s,
+        )  # fmt: skip
+
+    async def _caption(self, p: Partial) -> None:
+        try:
+            async with self._gate:
+                loop = asyncio.get_running_loop()
+                x = p.audio.astype(np.float32) / 32768.0
+                result = await loop.run_in_executor(self._pool, self.stt.transcribe, x)
+            if result.text:
+                await self._out.put(CallerPartial(result.text, p.start * 1000 / RATE))
+        except Exception:
+            log.exception("speech-to-text failed on a partial")
+            self.errors += 1
+        finally:
+            self._partial_busy = False
+
+    # --- turn decisions, in order --------------------------------------------------------
+    async def _decide(self) -> None:
+        while (item := await self._finals.get()) is not None:
+            final, job = item
+            if job.cancelled():
+                job = self._recognise(final.audio)
+            try:
+                rec = await job
+            except Exception:
+                # A failing recogniser loses this utterance, not the call's hearing.
+                log.exception("speech-to-text failed on a %.1f s utterance",
+                              final.audio.size / RATE)  # fmt: skip
+                self.errors += 1
+                continue
+            self._on_final(final, rec)
+        if self._turn is not None:
+            self._emit_turn("hangup")
+
+    def _on_final(self, final: Final, rec: _Recognised) -> None:
+        if not rec.text:
+            # Noise that passed the VAD, or silence: no turn (a waiting turn keeps waiting).
+            return
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = _Turn(start=final.start)
+        turn.texts.append(rec.text)
+        turn.add_audio(final.audio)
+        turn.end = final.end
+        turn.stt_s += rec.stt_s
+        turn.eot_s += rec.eot_s
+        turn.probability = rec.probability
+        if final.cut:
+            self._emit_turn("cut")
+        elif rec.complete is None:
+            self._emit_turn("silence")
+        elif rec.complete:
+            self._emit_turn("model")
+        # else: not finished yet; more speech joins this turn, or max_silence_ms ends it.
+        elif not self.segmenter.speaking:
+            self._check_max_silence()
+
+    def _emit_turn(self, reason: Literal["model", "silence", "cut", "hangup"]) -> None:
+        turn, self._turn = self._turn, None
+        if turn is None:
+            return
+        self.turns += 1
+        self._out.put_nowait(CallerTurn(
+            " ".join(turn.texts), turn.start * 1000 / RATE, turn.end * 1000 / RATE, reason,
+            turn.probability, turn.stt_s, turn.eot_s,
+        ))  # fmt: skip
+
+
+__all__ = ["FRAME", "CallerPartial", "CallerTurn", "HeardEvent", "Hearing", "segmenter_config"]

@@ -1,0 +1,185 @@
+"""Agents by kind: the gateway's default (``[agent] kind``) and the one a call asks for
+(``POST /api/calls {"to": ..., "agent": {"kind": "llm", "system_prompt": ..., "vars": {...}}}``).
+
+A per-call request is checked in full before anybody is dialled (unknown kinds and fields,
+wrong types, over-long texts, an llm agent on a gateway without ``[llm] base_url``: a 422 with
+the reason). What llm calls share is built once: the recogniser and the end-of-turn model
+(loaded in a thread on first use, or at start when ``llm`` is the default) and one HTTP
+connection pool to the model's endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from gateway.agents.base import Agent
+from gateway.agents.ivr import IvrAgent
+from gateway.agents.llm import Ears, LlmAgent, fill
+from gateway.call.control import BadRequest, CallInfo
+from gateway.llm.client import ChatClient
+from voxgate.contract.config import AGENT_KINDS, Config
+
+log = logging.getLogger("voxgate.agents")
+
+# Limits of a per-call agent request.
+MAX_PROMPT_CHARS = 20000
+MAX_VARS = 50
+MAX_VAR_CHARS = 1000
+AGENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "ivr": ("kind",),
+    "llm": ("kind", "system_prompt", "greeting", "vars", "model", "temperature", "max_tokens"),
+}
+
+
+def load_ears(cfg: Config) -> Ears:
+    """The bundled recogniser and end-of-turn model (blocking: ~1-2 s; run it in a thread)."""
+    from gateway.stt.turn import SmartTurn
+    from gateway.stt.whisper import WhisperStt
+
+    stt = WhisperStt(threads=cfg.turn.stt_threads)
+    model = SmartTurn(threads=1) if cfg.turn.smart_turn else None
+    return Ears(stt, model)
+
+
+class AgentRegistry:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        ears_loader: Callable[[Config], Ears] = load_ears,
+        api_key: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._ears_loader = ears_loader
+        self._ears: Ears | None = None
+        self._ears_lock = asyncio.Lock()
+        self._session: aiohttp.ClientSession | None = None
+        self._api_key = api_key
+
+    # --- AgentChooser --------------------------------------------------------------------
+    def validate(self, spec: object) -> dict[str, object]:
+        if not isinstance(spec, dict):
+            raise BadRequest("'agent' must be an object")
+        kind = spec.get("kind")
+        if kind not in AGENT_KINDS:
+            raise BadRequest(f"agent.kind must be one of {', '.join(AGENT_KINDS)}; got {kind!r}")
+        unknown = sorted(set(spec) - set(AGENT_FIELDS[str(kind)]))
+        if unknown:
+            raise BadRequest(f"agent: unknown field {unknown[0]!r} for kind {kind!r}")
+        if kind == "llm":
+            if not self.cfg.llm.base_url:
+                raise BadRequest(
+                    "the llm agent needs an OpenAI-compatible endpoint: this gateway has no "
+                    "[llm] base_url"
+                )
+            for key, limit in (("system_prompt", MAX_PROMPT_CHARS),
+                               ("greeting", self.cfg.synth.max_text_chars),
+                               ("model", 200)):  # fmt: skip
+                value = spec.get(key)
+                if value is None:
+                    continue
+                if not isinstance(value, str):
+                    raise BadRequest(f"agent.{key} must be a string")
+                if len(value) > limit:
+                    raise BadRequest(
+                        f"agent.{key} is {len(value)} characters; the limit is {limit}"
+                    )
+            temperature = spec.get("temperature")
+            if temperature is not None and (
+                isinstance(temperature, bool)
+                or not isinstance(temperature, int | float)
+                or not 0 <= temperature <= 2
+            ):
+                raise BadRequest("agent.temperature must be a number from 0 to 2")
+            max_tokens = spec.get("max_tokens")
+            if max_tokens is not None and (
+                isinstance(max_tokens, bool)
+                or not isinstance(max_tokens, int)
+                or not 1 <= max_tokens <= 4096
+            ):
+                raise BadRequest("agent.max_tokens must be an integer from 1 to 4096")
+            spec = {**spec, "vars": self._vars(spec.get("vars"))}
+        return dict(spec)
+
+    def build(self, info: CallInfo, spec: dict[str, object] | None) -> Agent:
+        kind = spec.get("kind") if spec is not None else self.cfg.agent.kind
+        if kind == "llm":
+            return self._llm(spec or {})
+        return IvrAgent(self.cfg.ivr)
+
+    def default(self, info: CallInfo) -> Agent:
+        return self.build(info, None)
+
+    # --- llm -----------------------------------------------------------------------------
+    def _llm(self, spec: dict[str, object]) -> LlmAgent:
+        llm = self.cfg.llm
+        variables = spec.get("vars")
+        values: dict[str, str] = dict(variables) if isinstance(variables, dict) else {}
+        system_prompt = str(spec.get("system_prompt") or llm.system_prompt)
+        greeting = str(spec.get("greeting") or values.get("greeting") or llm.greeting)
+        temperature = spec.get("temperature")
+        max_tokens = spec.get("max_tokens")
+        client = ChatClient(
+            llm.base_url,
+            str(spec.get("model") or llm.model),
+            api_key=self._api_key,
+            temperature=float(temperature)
+            if isinstance(temperature, int | float)
+            else (llm.temperature),
+            max_tokens=max_tokens if isinstance(max_tokens, int) else llm.max_tokens,
+            timeout_s=llm.timeout_s,
+            session=self._http(),
+        )
+        return LlmAgent(
+            client=client,
+            ears=self.ears,
+            turn=self.cfg.turn,
+            system_prompt=fill(system_prompt, values),
+            greeting=fill(greeting, values),
+            fallback=llm.fallback,
+            max_history=llm.max_history,
+        )
+
+    async def ears(self) -> Ears:
+        """The shared recogniser and end-of-turn model, loaded on first use (in a thread)."""
+        async with self._ears_lock:
+            if self._ears is None:
+                loop = asyncio.get_running_loop()
+                self._ears = await loop.run_in_executor(None, self._ears_loader, self.cfg)
+            return self._ears
+
+    async def warm(self) -> None:
+        """Load what the default agent needs before the first call arrives."""
+        if self.cfg.agent.kind == "llm":
+            await self.ears()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @staticmethod
+    def _vars(value: object) -> dict[str, str]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise BadRequest("agent.vars must be an object of names to values")
+        if len(value) > MAX_VARS:
+            raise BadRequest(f"agent.vars has {len(value)} entries; the limit is {MAX_VARS}")
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, str | int | float):
+                raise BadRequest(f"agent.vars.{k} must be a string or a number")
+            text = str(v)
+            if len(text) > MAX_VAR_CHARS:
+                raise BadRequest(f"agent.vars.{k} is longer than {MAX_VAR_CHARS} characters")
+            out[str(k)] = text
+        return out

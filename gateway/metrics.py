@@ -27,7 +27,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.call.calls import Call
-from gateway.call.control import BargeIn, Event, LegKind, UtteranceFinished, WorkerStopped
+from gateway.call.control import (
+    AgentError,
+    AgentTurn,
+    BargeIn,
+    Event,
+    LegKind,
+    UtteranceFinished,
+    WorkerStopped,
+)
 from gateway.call.manager import CallManager
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
@@ -45,6 +53,11 @@ MEDIA_COUNTERS: dict[str, tuple[str, str]] = {
     ),
 }
 JITTER_KEY = "jitter_buffer_ms"
+
+AGENT_ERROR_KINDS = (
+    "llm_timeout", "llm_unreachable", "llm_status", "llm_malformed", "tool", "stt", "other",
+)  # fmt: skip
+STT_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
 
 # End reasons are free text (a SIP status line of the far end among them): bucket them.
 CALL_OUTCOMES = (
@@ -127,6 +140,30 @@ class GatewayMetrics:
         )  # fmt: skip
         for outcome in UTTERANCE_OUTCOMES:
             self.utterances.labels(outcome)
+        # Conversational agents (gateway.agents.llm): turns, where their time goes, fallbacks.
+        self.agent_turns = Counter(
+            "voxgate_agent_turns", "Caller turns answered by an agent, by what ended the turn "
+            "(model: the end-of-turn model; silence; cut: a monologue split)",
+            labelnames=("outcome",), registry=r,
+        )  # fmt: skip
+        for reason in ("model", "silence", "cut", "hangup"):
+            self.agent_turns.labels(reason)
+        self.agent_stt = Histogram(
+            "voxgate_agent_stt_seconds", "Speech-to-text compute for a caller turn's transcript",
+            buckets=STT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.agent_first_token = Histogram(
+            "voxgate_agent_llm_first_token_seconds",
+            "End of the caller's turn to the model's first token",
+            buckets=STT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.agent_errors = Counter(
+            "voxgate_agent_errors", "Agent fallbacks taken, by code (llm_timeout, "
+            "llm_unreachable, llm_status, llm_malformed, tool, stt)",
+            labelnames=("code",), registry=r,
+        )  # fmt: skip
+        for kind in AGENT_ERROR_KINDS:
+            self.agent_errors.labels(kind)
         # Totals left by ended calls: (leg, outcome) -> calls; (leg, key) -> media counters.
         self._ended_calls: dict[tuple[str, str], int] = {}
         self._ended_media: dict[tuple[str, str], float] = {}
@@ -213,6 +250,14 @@ class GatewayMetrics:
         elif isinstance(event, UtteranceFinished):
             outcome = event.outcome if event.outcome in UTTERANCE_OUTCOMES else "error"
             self.utterances.labels(outcome).inc()
+        elif isinstance(event, AgentTurn):
+            self.agent_turns.labels(event.reason or "other").inc()
+            self.agent_stt.observe(event.stt_ms / 1000)
+            if event.first_token_at is not None:
+                self.agent_first_token.observe(max(event.first_token_at - event.decided_at, 0.0))
+        elif isinstance(event, AgentError):
+            kind = event.kind if event.kind in AGENT_ERROR_KINDS else "other"
+            self.agent_errors.labels(kind).inc()
 
     # --- reading calls -------------------------------------------------------------------
     def _call_counters(self, call: Call, stats: dict[str, float] | None = None) -> dict[str, float]:

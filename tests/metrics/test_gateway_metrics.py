@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from gateway.call.control import AgentError, AgentTurn
 from tests.metrics.conftest import TOKEN, MetricsGateway, Scrape, scrape
 from voxgate.bench.sipclient import SipClient
 
@@ -116,3 +117,19 @@ async def test_a_browser_call_moves_the_metrics(metrics_gateway: MetricsGateway)
     assert after.get("voxgate_calls_active", leg="webrtc") == 0
     assert after.get("voxgate_calls_total", leg="webrtc", outcome="remote_hangup") == 1
     assert after.get("voxgate_rtp_packets_received_total", leg="webrtc") >= received_live
+
+
+async def test_agent_turns_and_fallbacks_are_counted(metrics_gateway: MetricsGateway) -> None:
+    """What the llm agent reports (gateway.agents.llm) reaches /metrics: turns by what ended
+    them, the recogniser's and the model's times, fallbacks by code."""
+    url = f"{metrics_gateway.http}/metrics"
+    manager = metrics_gateway.gw.manager
+    manager.publish(AgentTurn("c1", reason="model", stt_ms=180.0, decided_at=100.0,
+                              first_token_at=100.25))  # fmt: skip
+    manager.publish(AgentError("c1", kind="llm_timeout", message="no first token in 8 s"))
+    s = await wait_for(url, lambda s: s.get("voxgate_agent_errors_total", code="llm_timeout") > 0)
+    assert s.get("voxgate_agent_errors_total", code="llm_timeout") == 1
+    assert s.get("voxgate_agent_errors_total", code="llm_status") == 0
+    assert s.get("voxgate_agent_turns_total", outcome="model") == 1
+    assert s.get("voxgate_agent_stt_seconds_sum") == 0.18
+    assert s.get("voxgate_agent_llm_first_token_seconds_sum") == 0.25

@@ -28,6 +28,10 @@ GATEWAY = {
     "voxgate_synth_request_stream_lag": "gauge",
     "voxgate_synth_request_stream_pending": "gauge",
     "voxgate_utterances": "counter",
+    "voxgate_agent_turns": "counter",
+    "voxgate_agent_stt_seconds": "histogram",
+    "voxgate_agent_llm_first_token_seconds": "histogram",
+    "voxgate_agent_errors": "counter",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",

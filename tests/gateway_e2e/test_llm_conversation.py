@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.call.control import AgentTurn, BargeIn, Transcript
+from gateway.call.control import AgentError, AgentTurn, BargeIn, Transcript
 from gateway.stt.base import SpeechToText, to_stt_rate
 from synth.engines.base import Engine
 from tests.gateway_e2e.test_bargein import caller_speech
@@ -160,3 +160,57 @@ async def test_a_whole_conversation(mock_llm: TestServer, engine: Engine) -> Non
         assert len(turns) == 3 and all(t.first_token_at for t in turns)
         partial = [e for e in gw_call.history if isinstance(e, Transcript) and not e.final]
         assert all(p.role == "caller" for p in partial)
+
+
+BROKEN_SCRIPT = {
+    "turns": [
+        {"match": "subscription", "status": 500},
+        {"match": "balance", "reply": "Your balance is forty two dollars."},
+        {"match": "hours", "reply": "We are open until six."},
+    ],
+    "default": {"reply": "Sorry, could you repeat that?"},
+}
+
+
+async def test_a_failing_model_gets_the_fallback_and_the_neighbour_call_is_untouched(
+    engine: Engine,
+) -> None:
+    """One call's model request fails (HTTP 500) while another call's succeeds: the first
+    caller hears the fallback line and can go on talking; the second hears its answer."""
+    cancel = caller_speech(engine, "I want to cancel my subscription today.")
+    balance = caller_speech(engine, "Hi, I would like to check the balance on my account.")
+    hours = caller_speech(engine, "And what are your opening hours?")
+    srv = TestServer(MockLlm(Script(BROKEN_SCRIPT)).app(), host="127.0.0.1")
+    await srv.start_server()
+    overrides = {
+        "agent.kind": "llm",
+        "llm.base_url": f"http://127.0.0.1:{srv.port}/v1",
+        "llm.greeting": "Hello.",
+        "llm.fallback": "Sorry, our assistant is not available right now.",
+    }
+    try:
+        async with local_gateway(engine, name="llm2", overrides=overrides) as local:
+            ears = await local.gw.agents.ears()
+            client = await SipClient.open("127.0.0.1")
+            try:
+                a = await client.invite(local.sip, codecs=("PCMU",))
+                b = await client.invite(local.sip, codecs=("PCMU",))
+                await asyncio.gather(reply_audio(a, 0.0), reply_audio(b, 0.0))
+                heard_a, heard_b = await asyncio.gather(
+                    reply_audio(a, say(a, cancel)), reply_audio(b, say(b, balance))
+                )
+                text_a = await transcribe(ears.stt, heard_a)
+                text_b = await transcribe(ears.stt, heard_b)
+                assert "available" in words(text_a), text_a
+                assert "balance" in words(text_b), text_b
+                # The failed call goes on: its next question is answered.
+                text_a = await transcribe(ears.stt, await reply_audio(a, say(a, hours)))
+                assert "open" in words(text_a), text_a
+                assert not a.ended and not b.ended
+            finally:
+                client.close()
+            errors = [e for c in local.gw.manager.calls.values() for e in c.history
+                      if isinstance(e, AgentError)]  # fmt: skip
+            assert [(e.kind, "500" in e.message) for e in errors] == [("llm_status", True)]
+    finally:
+        await srv.close()

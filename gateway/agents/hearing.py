@@ -28,10 +28,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,11 @@ from gateway.stt.turn import EndOfTurnModel
 from voxgate.contract.config import TurnConfig
 
 log = logging.getLogger("voxgate.agents")
+_T = TypeVar("_T")
+
+# Recognition jobs queued or running in the shared pool, over all calls: captions are only
+# worth the CPU when nothing else waits (a caption must never delay another call's turn).
+_busy = 0
 
 # The end-of-turn model looks at the last 8 s of the turn; keep a little more.
 TURN_AUDIO_S = 10
@@ -198,8 +203,8 @@ class Hearing:
 
     def _on_segment(self, ev: Partial | Pause | Final) -> None:
         if isinstance(ev, Partial):
-            if self._partial_busy or self._gate.locked():
-                self.dropped_partials += 1  # captions only: never queue them behind turns
+            if self._partial_busy or self._gate.locked() or _busy:
+                self.dropped_partials += 1  # captions only: never queue them before turns
                 return
             self._partial_busy = True
             asyncio.get_running_loop().create_task(self._caption(ev))
@@ -233,8 +238,15 @@ class Hearing:
     async def _job(self, audio: Int16Array, before: list[Int16Array]) -> _Recognised:
         whole = np.concatenate([*before, audio]) if before else audio
         async with self._gate:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, self._recognise_sync, audio, whole)
+            return await self._in_pool(self._recognise_sync, audio, whole)
+
+    async def _in_pool(self, fn: Callable[..., _T], *args: object) -> _T:
+        global _busy
+        _busy += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            _busy -= 1
 
     def _recognise_sync(self, audio: Int16Array, whole: Int16Array) -> _Recognised:
         x = audio.astype(np.float32) / 32768.0
@@ -250,9 +262,8 @@ class Hearing:
     async def _caption(self, p: Partial) -> None:
         try:
             async with self._gate:
-                loop = asyncio.get_running_loop()
                 x = p.audio.astype(np.float32) / 32768.0
-                result = await loop.run_in_executor(self._pool, self.stt.transcribe, x)
+                result = await self._in_pool(self.stt.transcribe, x)
             if result.text:
                 await self._out.put(CallerPartial(result.text, p.start * 1000 / RATE))
         except Exception:

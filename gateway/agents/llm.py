@@ -56,6 +56,8 @@ MAX_TOOL_ROUNDS = 3
 TAP_FRAMES = 250
 # How long a hang-up waits for the words before it to be spoken.
 HANGUP_WAIT_S = 30.0
+# A caller turn made only of words the agent itself said this recently is its own echo.
+ECHO_WINDOW_S = 3.0
 
 
 def _tool(
@@ -193,6 +195,8 @@ class LlmAgent:
         self._reply: asyncio.Task[None] | None = None
         self.hearing: Hearing | None = None
         self._ended = False
+        self._spoken: list[tuple[float, str]] = []  # (monotonic end, text) of recent pieces
+        self.echo_turns = 0
 
     # --- Agent ---------------------------------------------------------------------------
     async def on_start(self, call: CallHandle) -> None:
@@ -240,6 +244,12 @@ class LlmAgent:
         async for ev in self.hearing:
             if isinstance(ev, CallerPartial):
                 call.emit(Transcript(call.id, role="caller", text=ev.text, final=False))
+            elif self._is_echo(ev.text):
+                # The line returned the agent's voice loudly enough to pass the echo gate
+                # (a callee looping RTP back at 0 dB): answering it would talk to itself.
+                self.echo_turns += 1
+                log.info("call %s: ignored a caller turn that echoes the agent: %r", call.id,
+                         ev.text)  # fmt: skip
             elif not self._ended:
                 call.emit(Transcript(call.id, role="caller", text=ev.text))
                 await self._on_turn(call, ev)
@@ -392,7 +402,27 @@ class LlmAgent:
         self.history.append(rnd.msg)
         return rnd
 
+    def _is_echo(self, text: str) -> bool:
+        """Every word of ``text`` is, in order, among the words the agent said in the last
+        ``ECHO_WINDOW_S`` (or is saying now)."""
+        said = [t for end, t in self._spoken if time.monotonic() - end <= ECHO_WINDOW_S]
+        if self._call is not None and self._call.info.speaking:
+            said += [t for r in self._rounds[-2:] for t in [r.msg.get("content") or ""]]
+        heard = [_bare(w) for w in text.split() if _bare(w)]
+        pool = [_bare(w) for t in said for w in t.split() if _bare(w)]
+        if not heard or not pool:
+            return False
+        i = 0
+        for w in pool:
+            if i < len(heard) and heard[i] == w:
+                i += 1
+        return i == len(heard)
+
     def _on_finished(self, call: CallHandle, ev: UtteranceFinished) -> None:
+        if ev.outcome in ("done", "interrupted") and ev.text:
+            now = time.monotonic()
+            self._spoken = [(t, x) for t, x in self._spoken if now - t <= ECHO_WINDOW_S]
+            self._spoken.append((now, ev.text))
         heard = heard_text(ev)
         for rnd in self._rounds:
             if ev.utterance_id in rnd.utts:

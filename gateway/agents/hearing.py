@@ -94,6 +94,7 @@ class _Recognised:
     complete: bool | None  # None: no model
     probability: float | None
     eot_s: float
+    context: tuple[int, int] = (0, 0)  # the turn (sequence, samples) the verdict heard first
 
 
 @dataclass(slots=True)
@@ -156,6 +157,8 @@ class Hearing:
         self._partial: Partial | None = None
         self._partial_busy = False
         self._turn: _Turn | None = None  # waiting for more speech or max_silence
+        self._turn_seq = 0  # which turn _turn is (a verdict names the turn it heard)
+        self._pending = 0  # finals queued, not yet decided
         self._gate = asyncio.Lock()  # one recognition job at a time per call
         self._task: asyncio.Task[None] | None = None
         self.dropped_partials = 0
@@ -220,25 +223,47 @@ class Hearing:
             for fut in self._eager.values():
                 fut.cancel()
             self._eager.clear()
+            self._pending += 1
             self._finals.put_nowait((ev, job or self._recognise(ev.audio)))
 
     def _check_max_silence(self) -> None:
         turn = self._turn
-        if turn is None or self.segmenter.speaking:
+        # Speech still being recognised is the caller talking, not silence.
+        if turn is None or self.segmenter.speaking or self._pending:
             return
         silence = self.segmenter.pos - turn.end
         if silence * 1000 >= self.cfg.max_silence_ms * RATE:
             self._emit_turn("silence")
 
     # --- recognition (off the loop) ------------------------------------------------------
-    def _recognise(self, audio: Int16Array) -> asyncio.Future[_Recognised]:
-        turn_audio = self._turn.audio if self._turn is not None else []
-        return asyncio.ensure_future(self._job(audio, turn_audio))
+    def _context(self) -> tuple[int, int]:
+        return (self._turn_seq, self._turn.samples()) if self._turn is not None else (0, 0)
 
-    async def _job(self, audio: Int16Array, before: list[Int16Array]) -> _Recognised:
+    def _recognise(self, audio: Int16Array) -> asyncio.Future[_Recognised]:
+        before = list(self._turn.audio) if self._turn is not None else []
+        return asyncio.ensure_future(self._job(audio, before, self._context()))
+
+    async def _job(
+        self, audio: Int16Array, before: list[Int16Array], context: tuple[int, int]
+    ) -> _Recognised:
         whole = np.concatenate([*before, audio]) if before else audio
         async with self._gate:
-            return await self._in_pool(self._recognise_sync, audio, whole)
+            rec = await self._in_pool(self._recognise_sync, audio, whole)
+        rec.context = context
+        return rec
+
+    async def _reverdict(self, final: Final, rec: _Recognised) -> None:
+        """The verdict was given on a turn that has changed since (an earlier phrase was
+        still being recognised): ask again with the turn as it is now."""
+        if self.model is None or not rec.text or rec.context == self._context():
+            return
+        before = self._turn.audio if self._turn is not None else []
+        whole = np.concatenate([*before, final.audio]) if before else final.audio
+        x = whole.astype(np.float32) / 32768.0
+        async with self._gate:
+            verdict = await self._in_pool(self.model.predict, x)
+        rec.complete, rec.probability = verdict.complete, verdict.probability
+        rec.eot_s += verdict.compute_s
 
     async def _in_pool(self, fn: Callable[..., _T], *args: object) -> _T:
         global _busy
@@ -280,12 +305,15 @@ class Hearing:
                 job = self._recognise(final.audio)
             try:
                 rec = await job
+                await self._reverdict(final, rec)
             except Exception:
                 # A failing recogniser loses this utterance, not the call's hearing.
                 log.exception("speech-to-text failed on a %.1f s utterance",
                               final.audio.size / RATE)  # fmt: skip
                 self.errors += 1
                 continue
+            finally:
+                self._pending -= 1
             self._on_final(final, rec)
         if self._turn is not None:
             self._emit_turn("hangup")
@@ -297,6 +325,7 @@ class Hearing:
         turn = self._turn
         if turn is None:
             turn = self._turn = _Turn(start=final.start)
+            self._turn_seq += 1
         turn.texts.append(rec.text)
         turn.add_audio(final.audio)
         turn.end = final.end

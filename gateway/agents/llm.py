@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +40,9 @@ from gateway.call.control import (
     BargeIn,
     CallStateChanged,
     Conflict,
+    ControlError,
     Event,
+    TextTooLong,
     Transcript,
     UtteranceFinished,
 )
@@ -129,11 +134,6 @@ class _Said(list[str]):
         super().append(utterance_id)
 
 
-class _Vars(dict[str, str]):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"  # an unknown placeholder stays as written
-
-
 def heard_text(ev: UtteranceFinished) -> str:
     """What the caller heard of an utterance, written as it was given (punctuation kept): all
     of it when it played to the end, the words up to the cut when interrupted, nothing when
@@ -157,12 +157,14 @@ def _bare(word: str) -> str:
     return "".join(ch for ch in word.lower() if ch.isalnum())
 
 
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def fill(template: str, variables: dict[str, str]) -> str:
-    """``{name}`` placeholders from the call's vars (unknown ones stay as they are)."""
-    try:
-        return template.format_map(_Vars(variables))
-    except (ValueError, IndexError):
-        return template  # stray braces: the text as written
+    """``{name}`` placeholders from the call's vars; anything else (unknown names, stray
+    braces, ``{a.b}``, ``{a:>9}``) stays as written. Not ``str.format``: a request's text must
+    not reach attributes or format specs."""
+    return _PLACEHOLDER.sub(lambda m: variables.get(m.group(1), m.group(0)), template)
 
 
 class LlmAgent:
@@ -208,7 +210,8 @@ class LlmAgent:
             rnd = self._new_round()
             try:
                 rnd.utts.append(await call.say(self.greeting))
-            except (Conflict, BadRequest):
+            except ControlError as exc:  # ended, or refused (TextTooLong): the call goes on
+                log.warning("call %s: greeting not said: %s", call.id, exc.message)
                 return
 
     async def on_event(self, call: CallHandle, event: Event) -> None:
@@ -299,23 +302,41 @@ class LlmAgent:
                 pass  # only tool calls, no words: fine
             except Conflict:
                 return  # the call ended
+            except TextTooLong as exc:
+                # A runaway answer: what was queued is said, the rest is not.
+                call.emit(AgentError(call.id, kind="llm_malformed", message=exc.message))
             if not rnd.utts:
                 rnd.settled.set()
             if not tool_calls:
                 break
+            # A server that sent no id still needs one for the result to refer to.
+            tool_calls = [
+                c if c.id else dataclasses.replace(c, id=f"call_{uuid.uuid4().hex[:12]}")
+                for c in tool_calls
+            ]
+            # Arguments as valid JSON (servers re-parse the history's tool calls: malformed
+            # text sent back makes every later request fail); the error is in the result.
             rnd.msg["tool_calls"] = [
                 {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": c.raw_arguments}}
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments or {})}}
                 for c in tool_calls
             ]  # fmt: skip
             follow_up = False
-            for c in tool_calls:
-                result, again, ends = await self._run_tool(call, c, spoke=bool(rnd.utts))
-                self.history.append(
-                    {"role": "tool", "tool_call_id": c.id, "content": json.dumps(result)}
-                )
-                follow_up |= again
-                hang_up_after |= ends
+            results: dict[int, dict[str, object]] = {}
+            try:
+                for i, c in enumerate(tool_calls):
+                    result, again, ends = await self._run_tool(call, c, spoke=bool(rnd.utts))
+                    results[i] = result
+                    follow_up |= again
+                    hang_up_after |= ends
+            finally:
+                # Every call gets its result, even when the answer is cancelled midway (the
+                # caller spoke): a tool call left without one makes servers refuse the history.
+                for i, c in enumerate(tool_calls):
+                    result = results.get(i, {"ok": False, "error": "cancelled: the caller spoke"})
+                    self.history.append(
+                        {"role": "tool", "tool_call_id": c.id, "content": json.dumps(result)}
+                    )
             if not follow_up:
                 break
             rnd = self._new_round()
@@ -434,10 +455,17 @@ class LlmAgent:
 
     async def _settle(self, timeout: float) -> None:
         """Wait (bounded) until every piece said so far has ended: heard words recorded."""
-        pending = [r.settled.wait() for r in self._rounds if r.utts and not r.settled.is_set()]
+        pending = [
+            asyncio.ensure_future(r.settled.wait())
+            for r in self._rounds
+            if r.utts and not r.settled.is_set()
+        ]
         if pending:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*pending), timeout)
+            try:
+                await asyncio.wait(pending, timeout=timeout)
+            finally:
+                for fut in pending:
+                    fut.cancel()
 
     def _cancel_reply(self) -> None:
         if self._reply is not None and not self._reply.done():

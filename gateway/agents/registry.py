@@ -102,7 +102,19 @@ class AgentRegistry:
                 or not 1 <= max_tokens <= 4096
             ):
                 raise BadRequest("agent.max_tokens must be an integer from 1 to 4096")
-            spec = {**spec, "vars": self._vars(spec.get("vars"))}
+            values = self._vars(spec.get("vars"))
+            # What will be said, as it will be said: filled from the vars.
+            greeting = fill(
+                str(spec.get("greeting") or values.get("greeting") or self.cfg.llm.greeting),
+                values,
+            )
+            limit = self.cfg.synth.max_text_chars
+            if len(greeting) > limit:
+                raise BadRequest(
+                    f"agent.greeting is {len(greeting)} characters with agent.vars filled in; "
+                    f"the limit is {limit}"
+                )
+            spec = {**spec, "vars": values}
         return dict(spec)
 
     def build(self, info: CallInfo, spec: dict[str, object] | None) -> Agent:

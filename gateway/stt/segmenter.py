@@ -141,7 +141,7 @@ class SpeechSegmenter:
             self._last_speech_end = at + FRAME
         else:
             self._silent += 1
-            if self._silent == self._pause_frames:
+            if self._silent == self._pause_frames and self._speech_frames >= self._min_frames:
                 out.append(Pause(self._start, self._last_speech_end, self._tail_audio()))
         if self._silent >= self._end_frames:
             out += self._close(cut=False)

@@ -761,3 +761,21 @@ def finished(outcome: str, heard: str, text: str) -> UtteranceFinished:
 )  # fmt: skip
 def test_heard_text(outcome: str, heard: str, text: str, want: str) -> None:
     assert heard_text(finished(outcome, heard, text)) == want
+
+
+async def test_a_turn_made_of_the_agents_own_recent_words_is_its_echo(rig: RigFactory) -> None:
+    """A line that loops the agent's voice back louder than the echo gate expects (sipp
+    -rtp_echo: 0 dB) makes the recogniser hear the agent: such a turn is dropped, never sent
+    to the model; the caller's own words right after are answered."""
+    r = await rig({"match": "balance", "reply": "Forty dollars."})
+    agent = await r.start(greeting=GREETING)
+    await r.finish_all()
+    r.stt.text = "thank you for calling"
+    (tap,) = r.call.taps
+    tap.push(voiced(0.5), agent_audible=False)
+    tap.push(silence(0.5), agent_audible=False)
+    await wait_for(lambda: agent.echo_turns == 1, timeout=5)
+    assert r.requests == [] and r.caller_lines() == []
+    await r.caller_says("What is my balance?")
+    await r.said("Forty dollars.")
+    assert r.messages()[-1] == {"role": "user", "content": "What is my balance?"}

@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,torch,stt]'
+	$(BIN)/pip install -q -e '.[dev,torch,stt,pipecat]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -8,6 +8,7 @@ import json
 import sys
 
 from voxgate.bench.options import (
+    add_agent_arguments,
     add_bargein_arguments,
     add_calls_arguments,
     add_webrtc_arguments,
@@ -56,6 +57,14 @@ def register_bench(bench_sub: SubParsers) -> None:
     add_webrtc_arguments(w)
     w.set_defaults(func=cmd_bench_webrtc)
 
+    ag = bench_sub.add_parser(
+        "agent",
+        help="the llm agent over real SIP calls: voice-to-voice latency as the caller hears it, "
+        "where it goes, CPU per conversation, how many fit; pipecat side by side",
+    )
+    add_agent_arguments(ag)
+    add_config_arguments(ag, ("turn", "llm.greeting", "llm.system_prompt"))
+    ag.set_defaults(func=cmd_bench_agent)
 
     a = bench_sub.add_parser(
         "all",
@@ -88,6 +97,12 @@ def cmd_bench_bargein(args: argparse.Namespace) -> int:
 
 def cmd_bench_webrtc(args: argparse.Namespace) -> int:
     from voxgate.bench.webrtc import cmd_bench_webrtc as run
+
+    return run(args)
+
+
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from voxgate.bench.agent import cmd_bench_agent as run
 
     return run(args)
 

@@ -73,3 +73,30 @@ def add_webrtc_arguments(w: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     w.add_argument("--window", type=float, default=5.0, help="seconds measured per step (5)")
     w.add_argument("--quick", action="store_true", help="a short smoke run: 3 calls, 2 and 4 legs")
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench agent`` (the llm agent's voice-to-voice latency)."""
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--trials", type=int, default=20, help="questions at each concurrency level (default 20)"
+    )
+    p.add_argument(
+        "--concurrency", default="1,2,4", metavar="K,K,...",
+        help="simultaneous conversations per level (default 1,2,4)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pipecat", action=argparse.BooleanOptionalAction, default=None,
+        help="also measure pipecat's stock phone agent on the same questions (default: on when "
+        "pipecat-ai is installed)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=1, help="the callers' pauses (default 1)")
+    p.add_argument("--keep", metavar="DIR", default=None, help="keep logs in DIR")
+    p.add_argument(
+        "--quick", action="store_true", help="a short smoke run: 3 trials at concurrency 1"
+    )  # fmt: skip
+    p.add_argument(
+        "--partial-every-ms", type=int, default=None, metavar="MS",
+        help="experiment: the gateway decodes live captions every MS ms instead of its built-in "
+        "interval (a large value: no captions)",
+    )  # fmt: skip

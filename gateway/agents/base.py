@@ -22,7 +22,10 @@ out as TTS text).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from gateway.call.control import CallInfo, Event
 from gateway.media.tap import CallerAudioTap
@@ -75,6 +78,35 @@ class CallHandle(Protocol):
         ...
 
     async def hangup(self, reason: str = "agent") -> None: ...
+
+
+@runtime_checkable
+class AudioCallHandle(CallHandle, Protocol):
+    """A call that also plays audio the agent brings itself (a bridged bot's voice, see
+    ``gateway.agents.stream``) rather than text for the synthesis workers. ``Call`` is one."""
+
+    def play_audio(
+        self,
+        utterance_id: str,
+        pcm: npt.NDArray[np.int16],
+        *,
+        rate: int = 8000,
+        barge_in: bool = False,
+        dtmf_interrupts: bool = False,
+        max_queued_s: float = 60.0,
+    ) -> int:
+        """Queue int16 ``pcm`` at ``rate`` as (more of) utterance ``utterance_id``: played on
+        the call's media clock like synthesised speech (``interrupt`` fades it out), resampled
+        to the call's rate. The first piece announces the utterance (``barge_in`` /
+        ``dtmf_interrupts`` as for ``say``); audio for one already stopped is dropped.
+        Returns the samples dropped (the oldest first) to keep at most ``max_queued_s`` of
+        audio queued on the call."""
+        ...
+
+    def end_audio(self, utterance_id: str) -> None:
+        """No more audio follows for ``utterance_id``: it finishes once what is queued has
+        played (``UtteranceFinished`` done)."""
+        ...
 
 
 class Agent(Protocol):

@@ -6,12 +6,19 @@ wrong types, over-long texts, an llm agent on a gateway without ``[llm] base_url
 the reason). What llm calls share is built once: the recogniser and the end-of-turn model
 (loaded in a thread on first use, or at start when ``llm`` is the default) and one HTTP
 connection pool to the model's endpoint.
+
+A ``stream`` agent (``{"kind": "stream", "url": "wss://...", "parameters": {...}}``) bridges the
+call to a bot's WebSocket (``gateway.agents.stream``); ``url`` defaults to ``[stream] url`` and
+``parameters`` (strings) reach the bot as the ``start`` message's ``customParameters``. Stream
+calls share one WebSocket client session without a connection limit (each call holds its
+socket for the whole call) and one TLS context (``[stream] ca_file``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 
 import aiohttp
@@ -19,9 +26,11 @@ import aiohttp
 from gateway.agents.base import Agent
 from gateway.agents.ivr import IvrAgent
 from gateway.agents.llm import Ears, LlmAgent, fill
+from gateway.agents.stream import StreamAgent
+from gateway.agents.twilio_media import new_sid
 from gateway.call.control import BadRequest, CallInfo
 from gateway.llm.client import ChatClient
-from voxgate.contract.config import AGENT_KINDS, Config
+from voxgate.contract.config import AGENT_KINDS, Config, ConfigError, check_stream_url
 
 log = logging.getLogger("voxgate.agents")
 
@@ -29,9 +38,13 @@ log = logging.getLogger("voxgate.agents")
 MAX_PROMPT_CHARS = 20000
 MAX_VARS = 50
 MAX_VAR_CHARS = 1000
+MAX_URL_CHARS = 2048
+# customParameters voxgate fills itself: a request may not pass itself off as the caller.
+RESERVED_PARAMETERS = ("from_number", "to_number")
 AGENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ivr": ("kind",),
     "llm": ("kind", "system_prompt", "greeting", "vars", "model", "temperature", "max_tokens"),
+    "stream": ("kind", "url", "parameters"),
 }
 
 
@@ -59,6 +72,10 @@ class AgentRegistry:
         self._ears_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
         self._api_key = api_key
+        self._stream_session: aiohttp.ClientSession | None = None
+        self._stream_ssl: ssl.SSLContext | None = None
+        # The accountSid stream calls are given: one per gateway, as Twilio's is per account.
+        self.account_sid = new_sid("AC")
 
     # --- AgentChooser --------------------------------------------------------------------
     def validate(self, spec: object) -> dict[str, object]:
@@ -115,12 +132,51 @@ class AgentRegistry:
                     f"the limit is {limit}"
                 )
             spec = {**spec, "vars": values}
+        if kind == "stream":
+            spec = {**spec, **self._stream_spec(spec)}
         return dict(spec)
+
+    def _stream_spec(self, spec: dict[str, object]) -> dict[str, object]:
+        url = spec.get("url")
+        if url is None:
+            if not self.cfg.stream.url:
+                raise BadRequest(
+                    "the stream agent needs the bot's WebSocket: give agent.url (ws:// or "
+                    "wss://); this gateway has no [stream] url"
+                )
+            url = self.cfg.stream.url
+        if not isinstance(url, str):
+            raise BadRequest("agent.url must be a string")
+        if len(url) > MAX_URL_CHARS:
+            raise BadRequest(f"agent.url is {len(url)} characters; the limit is {MAX_URL_CHARS}")
+        try:
+            check_stream_url("agent.url", url)
+        except ConfigError as exc:
+            raise BadRequest(str(exc)) from None
+        params = spec.get("parameters")
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise BadRequest("agent.parameters must be an object of names to strings")
+        if len(params) > MAX_VARS:
+            raise BadRequest(f"agent.parameters has {len(params)} entries; the limit is {MAX_VARS}")
+        for k, v in params.items():
+            if not k or len(k) > 100:
+                raise BadRequest("agent.parameters: names must be 1 to 100 characters")
+            if k in RESERVED_PARAMETERS:
+                raise BadRequest(f"agent.parameters.{k} is set by the gateway (the call's own)")
+            if not isinstance(v, str):
+                raise BadRequest(f"agent.parameters.{k} must be a string")
+            if len(v) > MAX_VAR_CHARS:
+                raise BadRequest(f"agent.parameters.{k} is longer than {MAX_VAR_CHARS} characters")
+        return {"url": url, "parameters": dict(params)}
 
     def build(self, info: CallInfo, spec: dict[str, object] | None) -> Agent:
         kind = spec.get("kind") if spec is not None else self.cfg.agent.kind
         if kind == "llm":
             return self._llm(spec or {})
+        if kind == "stream":
+            return self._stream(spec or {})
         return IvrAgent(self.cfg.ivr)
 
     def default(self, info: CallInfo) -> Agent:
@@ -156,6 +212,34 @@ class AgentRegistry:
             max_history=llm.max_history,
         )
 
+    # --- stream --------------------------------------------------------------------------
+    def _stream(self, spec: dict[str, object]) -> StreamAgent:
+        url = spec.get("url")
+        params = spec.get("parameters")
+        return StreamAgent(
+            url=url if isinstance(url, str) else self.cfg.stream.url,
+            parameters=dict(params) if isinstance(params, dict) else {},
+            settings=self.cfg.stream,
+            session=self._stream_http,
+            ssl_context=self._tls() if str(url or self.cfg.stream.url).startswith("wss:") else None,
+            account_sid=self.account_sid,
+        )
+
+    def _tls(self) -> ssl.SSLContext:
+        """Certificates verified, against ``[stream] ca_file`` alone when set."""
+        if self._stream_ssl is None:
+            self._stream_ssl = ssl.create_default_context(cafile=self.cfg.stream.ca_file or None)
+        return self._stream_ssl
+
+    def _stream_http(self) -> aiohttp.ClientSession:
+        if self._stream_session is None or self._stream_session.closed:
+            # limit=0: every stream call holds its socket for the whole call; a pool limit
+            # would make call N+1 wait for a hang-up.
+            self._stream_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), headers={"User-Agent": "voxgate"}
+            )
+        return self._stream_session
+
     async def ears(self) -> Ears:
         """The shared recogniser and end-of-turn model, loaded on first use (in a thread)."""
         async with self._ears_lock:
@@ -177,6 +261,8 @@ class AgentRegistry:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._stream_session is not None:
+            await self._stream_session.close()
 
     @staticmethod
     def _vars(value: object) -> dict[str, str]:

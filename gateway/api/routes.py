@@ -20,6 +20,16 @@ Authentication: when a token is configured, every ``/api/*`` request needs
 WebSocket, so ``GET /api/events`` alone also accepts ``?token=<token>``; the access log redacts
 it. ``/healthz`` and routes passed in ``extra_routes`` outside ``/api/`` stay open.
 
+Twilio-compatible hang-up: ``POST /2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json`` with the
+form ``Status=completed`` (or ``canceled``) hangs up the call voxgate bridged to a bot under that
+``callSid`` (``gateway.agents.stream``), so a pipecat bot whose ``TwilioFrameSerializer`` has
+``auto_hang_up`` on and ``base_url`` pointing at voxgate ends its calls as it would on Twilio.
+Twilio authenticates it with HTTP Basic (account SID and auth token): with a token configured,
+the Basic password must be the API token (the user name is not checked; a bearer token works
+too); without one it is open on loopback like ``/api/*``. Answers and errors are Twilio-shaped
+JSON (a call resource; ``{"code", "message", "more_info", "status"}``, 20404 for an unknown call,
+which pipecat takes as "already ended").
+
 Without a token the API may only listen on loopback (``check_bind_safety``). Loopback is not
 enough against a browser on the same machine — any web page can send it simple cross-origin
 requests or have a DNS name rebound to 127.0.0.1 — so in that mode ``/api/*`` also refuses (403)
@@ -35,11 +45,13 @@ with a wrong picture of the calls; closing tells it to reconnect and resync from
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -49,6 +61,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
+from gateway.agents.twilio_media import call_sid_for, phone_number
 from gateway.api.auth import (
     UnsafeBindError,
     bearer_token,
@@ -59,9 +72,11 @@ from gateway.api.auth import (
 from gateway.call.control import (
     BadRequest,
     CallControl,
+    CallInfo,
     ControlError,
     Event,
     TextTooLong,
+    UnknownCall,
     event_json,
 )
 
@@ -91,6 +106,7 @@ _API_PREFIX: Final = "/api"
 _EVENTS_PATH: Final = "/api/events"
 
 _TOKEN_KEY: Final[web.AppKey[str | None]] = web.AppKey("voxgate.api_token")
+_TWILIO_CALL_PATH: Final = "/2010-04-01/Accounts/{account_sid}/Calls/{call_sid}.json"
 
 
 class HttpError(Exception):
@@ -462,6 +478,9 @@ class _Api:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def twilio_update_call(self, request: web.Request) -> web.Response:
+        return await _twilio_update_call(request, self.control)
+
     async def list_calls(self, request: web.Request) -> web.Response:
         return web.json_response({"calls": [c.to_json() for c in self.control.list_calls()]})
 
@@ -595,6 +614,94 @@ class _Api:
         # timeout bounds how long that may take.
         for feed in list(self.feeds):
             feed.close(WSCloseCode.GOING_AWAY)
+
+
+# ---------------------------------------------------------------------------------------------
+# Twilio-compatible call update (the hang-up of bots written for Twilio)
+
+
+def _twilio_error(
+    status: int, code: int, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """Twilio's REST error shape. ``code`` is Twilio's where one exists (20003 authenticate,
+    20404 not found); otherwise the HTTP status."""
+    info = f"https://www.twilio.com/docs/errors/{code}" if code > 999 else ""
+    body = {"code": code, "message": message, "more_info": info, "status": status}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _twilio_time(ts: float | None) -> str | None:
+    # Twilio's dates are RFC 2822 in UTC: "Tue, 31 Aug 2010 20:36:28 +0000".
+    return None if ts is None else time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime(ts))
+
+
+def _twilio_authorized(request: web.Request, token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    bearer = bearer_token(header)
+    if bearer is not None:
+        return token_matches(bearer, token)
+    scheme, _, encoded = header.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        # RFC 7617: base64 of "user-id:password"; the user id holds no colon.
+        _user, sep, password = (
+            base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        )
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return bool(sep) and token_matches(password, token)
+
+
+def _twilio_call(info: CallInfo, call_sid: str, account_sid: str, path: str) -> dict[str, object]:
+    """The call as a (partial) Twilio Call resource, after the hang-up."""
+    caller, callee = (
+        (info.remote, info.local) if info.direction == "inbound" else (info.local, info.remote)
+    )
+    start = info.answered_at or info.started_at
+    end = time.time()
+    return {
+        "sid": call_sid,
+        "account_sid": account_sid,
+        "status": "completed",
+        "direction": "inbound" if info.direction == "inbound" else "outbound-api",
+        "from": phone_number(caller),
+        "to": phone_number(callee),
+        "date_created": _twilio_time(info.started_at),
+        "date_updated": _twilio_time(end),
+        "start_time": _twilio_time(start),
+        "end_time": _twilio_time(end),
+        "duration": str(int(max(0.0, end - start))),
+        "api_version": "2010-04-01",
+        "uri": path,
+    }
+
+
+async def _twilio_update_call(request: web.Request, control: CallControl) -> web.Response:
+    token = request.app[_TOKEN_KEY]
+    if token:
+        if not _twilio_authorized(request, token):
+            challenge = {"WWW-Authenticate": 'Basic realm="voxgate"'}
+            return _twilio_error(401, 20003, "Authenticate", challenge)
+    else:
+        _check_local_browser(request)
+    call_sid = request.match_info["call_sid"]
+    account_sid = request.match_info["account_sid"]
+    form = await request.post()
+    status = form.get("Status")
+    if status not in ("completed", "canceled"):
+        return _twilio_error(
+            400, 400, f"Status must be 'completed' or 'canceled' to end the call; got {status!r}"
+        )
+    found = next((c for c in control.list_calls() if call_sid_for(c.id) == call_sid), None)
+    if found is not None:
+        try:
+            await control.hangup(found.id)
+        except UnknownCall:
+            found = None  # it ended meanwhile
+    if found is None:
+        return _twilio_error(404, 20404, f"The requested resource {request.path} was not found")
+    return web.json_response(_twilio_call(found, call_sid, account_sid, request.path))
 
 
 class _Close:
@@ -775,6 +882,7 @@ def make_app(
             web.post("/api/calls/{id}/say", api.say),
             web.post("/api/calls/{id}/dtmf", api.dtmf),
             web.get(_EVENTS_PATH, api.events, allow_head=False),
+            web.post(_TWILIO_CALL_PATH, api.twilio_update_call),
         ]
     )
     if extra_routes is not None:

@@ -19,11 +19,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from dsp.resample import Resampler
 from gateway.agents.base import Agent
 from gateway.call.control import (
     AgentEvent,
@@ -55,7 +57,12 @@ from gateway.media.coupling import MediaCoupling
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from gateway.media.tap import CallerAudioTap
 from voxgate.contract.bus.base import Bus, BusError, Subscription
-from voxgate.contract.bus.schema import SpeakRequest, UtteranceEnd, UtteranceError
+from voxgate.contract.bus.schema import (
+    AudioChunk,
+    SpeakRequest,
+    UtteranceEnd,
+    UtteranceError,
+)
 from voxgate.contract.chunker import Chunker
 from voxgate.contract.config import BargeinSettings
 from voxgate.contract.dtmf import DTMF_KEYS
@@ -83,6 +90,16 @@ class Leg(Protocol):
     def media_stats(self) -> dict[str, float]:
         """Cumulative media counters for /metrics: packets_received, packets_lost,
         late_sends, jitter_buffer_ms (keys a leg cannot measure are left out)."""
+
+
+@dataclass(slots=True)
+class _RawAudio:
+    """An utterance of audio the agent brings itself (``play_audio``): the next chunk's seq,
+    and the resampler to the call's rate when its audio comes at another rate."""
+
+    seq: int = 0
+    resampler: Resampler | None = None
+    ended: bool = False
 
 
 class CallHost(Protocol):
@@ -149,6 +166,8 @@ class Call:
         # both sides, bounded.
         self.transcript: deque[dict[str, object]] = deque(maxlen=TRANSCRIPT_LINES)
         self._sub: Subscription | None = None
+        # Utterances of raw agent audio (play_audio) until they finish playing.
+        self._raw: dict[str, _RawAudio] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._agent_queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
@@ -255,6 +274,73 @@ class Call:
         else:
             self.taps.append(tap)
         return tap
+
+    def play_audio(
+        self,
+        utterance_id: str,
+        pcm: npt.NDArray[np.int16],
+        *,
+        rate: int = 8000,
+        barge_in: bool = False,
+        dtmf_interrupts: bool = False,
+        max_queued_s: float = 60.0,
+    ) -> int:
+        """Play audio the agent brings (a bridged bot's voice) through the same playout as
+        synthesised speech: paced by the media tick, faded out by ``interrupt``, reported as
+        an utterance (started/finished), resampled from ``rate`` to the call's rate (a
+        browser leg at 48 kHz). Returns the samples dropped, oldest first, to keep at most
+        ``max_queued_s`` queued (a source faster than real time is buffered up to there)."""
+        if self._info.state == "ended":
+            return 0
+        raw = self._raw.get(utterance_id)
+        if raw is None:
+            try:
+                self.playout.enqueue(utterance_id)
+            except ValueError:
+                return 0  # stopped already (interrupted): its late audio is dropped
+            resampler = None
+            if rate != self.rate:
+                low = min(rate, self.rate)
+                # Telephone audio has nothing above 3.4 kHz: a short filter (4 ms at 8 → 48
+                # kHz) is enough, and it is latency the caller hears.
+                resampler = Resampler.for_rates(rate, self.rate, pass_hz=0.425 * low,
+                                                stop_hz=0.5 * low)  # fmt: skip
+            raw = self._raw[utterance_id] = _RawAudio(resampler=resampler)
+            # heard=True: kept out of the say() → first audio metric (nothing is synthesised).
+            self.utterances.add(Utterance(
+                utterance_id, "", time.monotonic(), dtmf_interrupts=dtmf_interrupts,
+                barge_in=barge_in, heard=True,
+            ))  # fmt: skip
+        if raw.ended:
+            return 0
+        if raw.resampler is not None:
+            pcm = _to_int16(raw.resampler.process_f64(pcm))
+        self._raw_chunk(utterance_id, raw, pcm)
+        excess = self.playout.queued_samples - int(max_queued_s * self.rate)
+        return self.playout.drop_oldest(excess) if excess > 0 else 0
+
+    def end_audio(self, utterance_id: str) -> None:
+        """No more audio for ``utterance_id``: it finishes once its queued audio has played."""
+        raw = self._raw.get(utterance_id)
+        if raw is None or raw.ended or self._info.state == "ended":
+            return
+        raw.ended = True
+        if raw.resampler is not None:  # the filter's held-back tail
+            self._raw_chunk(utterance_id, raw, _to_int16(raw.resampler.process_f64([], True)))
+        events = self.playout.on_message(UtteranceEnd(self.id, utterance_id, raw.seq))
+        if events:
+            self._on_playout(events)
+
+    def _raw_chunk(self, utterance_id: str, raw: _RawAudio, pcm: npt.NDArray[np.int16]) -> None:
+        if not len(pcm):
+            return
+        chunk = AudioChunk(
+            self.id, utterance_id, raw.seq, self.rate, pcm.astype("<i2", copy=False).tobytes()
+        )
+        raw.seq += 1
+        events = self.playout.on_message(chunk)
+        if events:
+            self._on_playout(events)
 
     # --- driven by the leg ---------------------------------------------------------------
     async def start(self, agent: Agent | None) -> None:
@@ -440,7 +526,9 @@ class Call:
                 )
             elif isinstance(ev, PlayoutFinished):
                 done = self.utterances.finish(ev.utterance_id)
-                if ev.outcome in ("interrupted", "cancelled"):
+                raw = self._raw.pop(ev.utterance_id, None)
+                # Raw audio (play_audio) has no synthesis to cancel on a worker.
+                if raw is None and ev.outcome in ("interrupted", "cancelled"):
                     self._spawn(self._cancel(ev.utterance_id))
                 self.emit(UtteranceFinished(
                     self.id, utterance_id=ev.utterance_id, outcome=ev.outcome,
@@ -489,6 +577,10 @@ class Call:
         task = self._loop.create_task(coro, name=f"{name}-{self.id}", context=self._log_ctx.copy())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _to_int16(x: npt.NDArray[np.float64]) -> npt.NDArray[np.int16]:
+    return np.clip(np.rint(x), -32768, 32767).astype(np.int16)
 
 
 def replace_info(info: CallInfo, **changes: object) -> CallInfo:

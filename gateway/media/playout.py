@@ -69,6 +69,7 @@ class PlayoutStats:
     underruns: int = 0  # frames of silence sent while an utterance was playing
     dropped_chunks: int = 0  # stale seq, stopped utterance, or unknown utterance
     interrupted: int = 0
+    dropped_samples: int = 0  # queued audio dropped to bound the queue (drop_oldest)
 
 
 class Playout:
@@ -108,6 +109,32 @@ class Playout:
 
     def pending_ids(self) -> list[str]:
         return [u.id for u in self._queue]
+
+    @property
+    def queued_samples(self) -> int:
+        """Audio queued and not yet played, over every utterance (a bridged bot that sends
+        faster than real time builds this up; see :meth:`drop_oldest`)."""
+        return sum(u.queued for u in self._queue)
+
+    def drop_oldest(self, n: int) -> int:
+        """Drop up to ``n`` of the oldest queued samples, in play order, without ending any
+        utterance (one that has ended and is left empty finishes on the next pull). Bounds
+        what a source sending faster than real time can queue; returns the samples dropped."""
+        dropped = 0
+        for u in self._queue:
+            while u.audio and dropped < n:
+                head = u.audio[0]
+                k = min(n - dropped, len(head))
+                if k == len(head):
+                    u.audio.popleft()
+                else:
+                    u.audio[0] = head[k:]
+                u.queued -= k
+                dropped += k
+            if dropped >= n:
+                break
+        self.stats.dropped_samples += dropped
+        return dropped
 
     # --- bus side ------------------------------------------------------------------------
     def on_message(self, msg: AudioMessage) -> list[PlayoutEvent]:

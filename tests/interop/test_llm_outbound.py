@@ -54,7 +54,8 @@ async def test_an_outbound_call_with_its_own_llm_agent(
     status, body = await api(gw, "POST", "/api/calls", {
         "to": "sip:bob@127.0.0.1:9", "agent": {"kind": "robot"},
     })  # fmt: skip
-    assert status == 422 and "agent.kind must be one of ivr, llm" in body["error"]["message"]
+    assert status == 422
+    assert "agent.kind must be one of ivr, llm, stream" in body["error"]["message"]
     assert await gw.acalls() == []
 
     port = free_port()

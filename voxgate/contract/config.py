@@ -219,14 +219,15 @@ class AgentConfig:
     """Which agent answers a call (a call placed through the API may name its own)."""
 
     # "ivr": the DTMF menu of [ivr] (the embedded default); "llm": a conversation through an
-    # OpenAI-compatible chat endpoint ([llm]), hearing the caller with speech-to-text ([turn]).
+    # OpenAI-compatible chat endpoint ([llm]), hearing the caller with speech-to-text ([turn]);
+    # "stream": a bot's WebSocket speaking Twilio Media Streams ([stream]).
     kind: str = "ivr"
 
     def validate(self) -> None:
         _choice("agent.kind", self.kind, AGENT_KINDS)
 
 
-AGENT_KINDS = ("ivr", "llm")
+AGENT_KINDS = ("ivr", "llm", "stream")
 
 
 @dataclass
@@ -283,6 +284,55 @@ class LlmConfig:
                 f"llm.api_key_env: the environment variable {self.api_key_env} is not set"
             )
         return key
+
+
+@dataclass
+class StreamConfig:
+    """The ``stream`` agent: voxgate dials a bot's WebSocket and speaks Twilio Media Streams to
+    it, as Twilio's ``<Connect><Stream url=...>`` does, so a bot written for Twilio (pipecat's
+    ``TwilioFrameSerializer``) takes voxgate's calls unmodified."""
+
+    # The bot's WebSocket, ws:// or wss:// (a call placed through the API may name its own).
+    url: str = ""
+    # wss:// only: a PEM file of the private CA that signed the bot's certificate (then only
+    # that CA is trusted); empty: the system's CAs. Certificates are always verified.
+    ca_file: str = ""
+    # The bot's WebSocket handshake must complete within this long (s).
+    connect_timeout_s: float = 5.0
+    # Hold back the caller's audio while the bot's own voice may be echoing back on the line
+    # (the barge-in detector's estimate), so the bot's VAD does not interrupt itself.
+    echo_gate: bool = False
+    # voxgate's own barge-in on the bot's audio; off: the bot owns turn-taking (it sends
+    # "clear" when it is interrupted).
+    barge_in: bool = False
+    # Said when the bot is unreachable or breaks the protocol, before the call is hung up;
+    # empty: hang up at once.
+    fallback: str = "Sorry, we cannot take your call right now. Please try again later."
+
+    def validate(self) -> None:
+        if self.url:
+            check_stream_url("stream.url", self.url)
+        if self.ca_file and not Path(self.ca_file).is_file():
+            raise ConfigError(f"stream.ca_file: no such file: {self.ca_file!r}")
+        if not 0 < self.connect_timeout_s <= 60:
+            raise ConfigError(
+                f"stream.connect_timeout_s: must be > 0 and <= 60, got {self.connect_timeout_s}"
+            )
+
+
+def check_stream_url(key: str, url: str) -> None:
+    """A bot's WebSocket URL: ws:// or wss://, with a host, no spaces."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: not a URL: {url!r} ({exc})") from None
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ConfigError(f"{key}: expected a ws:// or wss:// URL with a host, got {url!r}")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise ConfigError(f"{key}: must not contain whitespace or control characters")
 
 
 @dataclass
@@ -405,6 +455,7 @@ class Config:
     ivr: IvrConfig = field(default_factory=IvrConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
     turn: TurnConfig = field(default_factory=TurnConfig)
     bargein: BargeinSettings = field(default_factory=BargeinSettings)
     webrtc: WebrtcConfig = field(default_factory=WebrtcConfig)
@@ -418,6 +469,11 @@ class Config:
                 "llm.base_url: the llm agent needs an OpenAI-compatible endpoint "
                 "(set [llm] base_url, VOXGATE_LLM_BASE_URL or --llm-base-url, e.g. "
                 "http://127.0.0.1:8000/v1)"
+            )
+        if self.agent.kind == "stream" and not self.stream.url:
+            raise ConfigError(
+                "stream.url: the stream agent needs the bot's WebSocket URL (set [stream] url, "
+                "VOXGATE_STREAM_URL or --stream-url, e.g. ws://127.0.0.1:8765/ws)"
             )
 
 
@@ -575,7 +631,7 @@ def add_config_arguments(
 # worker's sections: the text limit it enforces before a request goes out, the rate browser
 # legs play at, and the worker's deadline (its own give-up timer is that plus a margin).
 GATEWAY_KEYS: tuple[str, ...] = (
-    "bus", "gateway", "ivr", "agent", "llm", "turn", "bargein", "webrtc", "log",
+    "bus", "gateway", "ivr", "agent", "llm", "stream", "turn", "bargein", "webrtc", "log",
     "synth.max_text_chars", "synth.wideband_rate", "worker.default_deadline_s",
 )  # fmt: skip
 WORKER_KEYS: tuple[str, ...] = ("bus", "synth", "worker", "log")

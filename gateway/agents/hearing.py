@@ -3,7 +3,7 @@ finished turns out.
 
     caller_audio(16 kHz, echo-gated) ─▶ SpeechSegmenter (webrtcvad)
         Partial every partial_every_ms ──▶ STT ──▶ CallerPartial (captions; dropped when busy)
-        Pause at 100 ms of silence ──────▶ STT + end-of-turn model, started early (eager)
+        Pause at 60 ms of silence ───────▶ STT + end-of-turn model, started early (eager)
         Final at turn.min_silence_ms ────▶ (the eager result when nothing more was said)
                                             ──▶ complete? ──▶ CallerTurn
                                             └─ not yet: wait for more speech, or for
@@ -13,7 +13,7 @@ End of turn is VAD silence plus the semantic end-of-turn model (smart-turn v3): 
 ``min_silence_ms`` the model is asked whether the words so far sound finished ("I'd like to
 pay my bill" vs "I'd like to pay my bill and…"); when it says not yet, the turn waits for
 more speech up to ``max_silence_ms`` of silence. Recognition for the final transcript starts at
-the first 100 ms pause (the segment's audio is then already what the final will carry), so the
+the first 60 ms pause (the segment's audio is then already what the final will carry), so the
 recogniser runs while the silence that ends the turn is still being waited for.
 
 All CPU work (recogniser, end-of-turn model) runs off the event loop in the shared STT pool,
@@ -57,6 +57,26 @@ _T = TypeVar("_T")
 # Recognition jobs queued or running in the shared pool, over all calls: captions are only
 # worth the CPU when nothing else waits (a caption must never delay another call's turn).
 _busy = 0
+
+_pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def _named_pool(name: str) -> ThreadPoolExecutor:
+    pool = _pools.get(name)
+    if pool is None:
+        pool = _pools[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    return pool
+
+
+def turn_pool() -> ThreadPoolExecutor:
+    """The end-of-turn model's thread (one prediction at a time; ~60 ms each)."""
+    return _named_pool("turn")
+
+
+def caption_pool() -> ThreadPoolExecutor:
+    """Live captions' thread: beside the turns' recognition, never in front of it."""
+    return _named_pool("caption")
+
 
 # The end-of-turn model looks at the last 8 s of the turn; keep a little more.
 TURN_AUDIO_S = 10
@@ -248,7 +268,24 @@ class Hearing:
     ) -> _Recognised:
         whole = np.concatenate([*before, audio]) if before else audio
         async with self._gate:
-            rec = await self._in_pool(self._recognise_sync, audio, whole)
+            # The recogniser and the end-of-turn model at once, on their own threads: the
+            # turn's decision waits for the slower of the two, not for both in a row.
+            x = audio.astype(np.float32) / 32768.0
+            loop = asyncio.get_running_loop()
+            model = self.model
+            verdict = (
+                loop.run_in_executor(turn_pool(), model.predict, whole.astype(np.float32) / 32768.0)
+                if model is not None
+                else None
+            )
+            try:
+                result = await self._in_pool(self.stt.transcribe, x)
+            finally:
+                v = await verdict if verdict is not None else None
+        if v is None or not result.text:
+            rec = _Recognised(result.text, result.compute_s, None, None, 0.0)
+        else:
+            rec = _Recognised(result.text, result.compute_s, v.complete, v.probability, v.compute_s)
         rec.context = context
         return rec
 
@@ -261,7 +298,8 @@ class Hearing:
         whole = np.concatenate([*before, final.audio]) if before else final.audio
         x = whole.astype(np.float32) / 32768.0
         async with self._gate:
-            verdict = await self._in_pool(self.model.predict, x)
+            loop = asyncio.get_running_loop()
+            verdict = await loop.run_in_executor(turn_pool(), self.model.predict, x)
         rec.complete, rec.probability = verdict.complete, verdict.probability
         rec.eot_s += verdict.compute_s
 
@@ -273,22 +311,13 @@ class Hearing:
         finally:
             _busy -= 1
 
-    def _recognise_sync(self, audio: Int16Array, whole: Int16Array) -> _Recognised:
-        x = audio.astype(np.float32) / 32768.0
-        result = self.stt.transcribe(x)
-        if self.model is None or not result.text:
-            return _Recognised(result.text, result.compute_s, None, None, 0.0)
-        verdict = self.model.predict(whole.astype(np.float32) / 32768.0)
-        return _Recognised(
-            result.text, result.compute_s, verdict.complete, verdict.probability,
-            verdict.compute_s,
-        )  # fmt: skip
-
     async def _caption(self, p: Partial) -> None:
         try:
-            async with self._gate:
-                x = p.audio.astype(np.float32) / 32768.0
-                result = await self._in_pool(self.stt.transcribe, x)
+            # Its own thread (and its own decoder worker in the recogniser), outside the call's
+            # gate: a caption still decoding when the caller stops must not hold up the turn.
+            x = p.audio.astype(np.float32) / 32768.0
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(caption_pool(), self.stt.transcribe, x)
             if result.text:
                 await self._out.put(CallerPartial(result.text, p.start * 1000 / RATE))
         except Exception:

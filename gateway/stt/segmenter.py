@@ -29,8 +29,10 @@ import webrtcvad
 
 RATE = 16000
 FRAME = RATE * 20 // 1000
-# Non-speech kept after an utterance's last speech frame (soft word endings): 100 ms.
-TAIL_FRAMES = 5
+# Non-speech kept after an utterance's last speech frame: 60 ms (webrtcvad already calls speech
+# 100-170 ms past a word's end, so soft endings are inside; a short tail lets the eager
+# transcript start 60 ms into a pause).
+TAIL_FRAMES = 3
 Int16Array = npt.NDArray[np.int16]
 
 
@@ -147,7 +149,9 @@ class SpeechSegmenter:
             out += self._close(cut=False)
         elif len(self._frames) >= self._max_frames:
             out += self._close(cut=True)
-        elif self._since_partial >= self._partial_frames:
+        elif self._since_partial >= self._partial_frames and speech:
+            # Only while the caller speaks: a caption begun in the trailing silence is a decode
+            # running when the turn's own transcript is wanted.
             self._since_partial = 0
             out.append(Partial(self._start, np.concatenate(self._frames)))
         return out

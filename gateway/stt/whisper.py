@@ -73,6 +73,7 @@ def model_dir() -> Path:
 # Short-window decoding (see the module docstring).
 WINDOW_STEP_FRAMES = 1000  # 10 s of 10 ms feature frames: the shortest window that holds up
 SHORT_MAX_S = 28.0
+WORKERS = 2
 # Whisper's rule for "nothing was said" (faster-whisper's defaults).
 NO_SPEECH_PROB = 0.6
 LOW_LOGPROB = -1.0
@@ -88,15 +89,17 @@ class WhisperStt:
         from faster_whisper.tokenizer import Tokenizer
 
         path = model_dir()
+        # Two decoder workers: a live caption and a turn's transcript decode at the same time
+        # (CTranslate2 runs one call per worker; a third caller waits).
         self._model: Any = WhisperModel(
             str(path), device=device, compute_type="int8" if device == "cpu" else "float16",
-            cpu_threads=threads, local_files_only=True,
+            cpu_threads=threads, num_workers=WORKERS, local_files_only=True,
         )  # fmt: skip
         self._tokenizer: Any = Tokenizer(
             self._model.hf_tokenizer, False, task="transcribe", language="en"
         )
         self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
-        self._lock = threading.Lock()  # CTranslate2 models are not re-entrant per instance
+        self._lock = threading.BoundedSemaphore(WORKERS)  # one call per decoder worker
 
     def transcribe(self, audio: FloatArray) -> Transcript:
         x = np.asarray(audio, dtype=np.float32).reshape(-1)

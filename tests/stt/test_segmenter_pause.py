@@ -141,7 +141,7 @@ def test_silence_gives_no_pause_and_partials_still_come() -> None:
 
 @pytest.mark.parametrize(
     ("pause_ms", "min_silence_ms"),
-    [(20, 500), (80, 500), (99, 500), (500, 500), (600, 500), (-20, 500), (100, 100)],
+    [(20, 500), (40, 500), (59, 500), (500, 500), (600, 500), (-20, 500), (100, 100)],
 )
 def test_invalid_pause_ms_is_refused(pause_ms: int, min_silence_ms: int) -> None:
     with pytest.raises(ValueError, match="pause_ms"):

@@ -133,7 +133,8 @@ async def test_a_sentence_then_silence_is_one_turn(
     assert turn.probability is not None and turn.stt_s > 0 and turn.eot_s > 0
     # Media times: it starts near the speech (pre-roll) and ends with it.
     assert 0 <= turn.start_ms <= 300
-    assert abs(turn.end_ms - (300 + speech.size * 1000 / RATE)) <= 300
+    # (The rendered sentence ends in ~300 ms of the voice's own quiet tail, which is not speech.)
+    assert -450 <= turn.end_ms - (300 + speech.size * 1000 / RATE) <= 300
     assert hearing.turns == 1 and hearing.errors == 0
     assert hearing.buffered_samples <= int(0.2 * RATE)  # the pre-roll of silence only
 

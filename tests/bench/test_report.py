@@ -157,11 +157,12 @@ def fake_webrtc_result(opts: Any) -> dict[str, Any]:
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """The tone engine for synth/spectrogram/response; stand-ins for calls, bargein, webrtc."""
     import synth.app
+    import voxgate.bench.agent
     import voxgate.bench.bargein
     import voxgate.bench.calls
     import voxgate.bench.webrtc
 
-    seen: dict[str, list[Any]] = {"calls": [], "bargein": [], "webrtc": []}
+    seen: dict[str, list[Any]] = {"calls": [], "bargein": [], "webrtc": [], "agent": []}
     monkeypatch.setattr(synth.app, "build_engine", lambda cfg: ToneEngine())
 
     def calls(opts: Any) -> dict[str, Any]:
@@ -179,6 +180,15 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
         return fake_webrtc_result(opts)
 
     monkeypatch.setattr(voxgate.bench.webrtc, "run_bench", webrtc)
+
+    def agent(trials: int, concurrency: tuple[int, ...], **kw: Any) -> dict[str, Any]:
+        seen["agent"].append((trials, concurrency, kw))
+        return {"v2v_ms": {"p50": 600.0}, "trials": trials}
+
+    monkeypatch.setattr(voxgate.bench.agent, "run_agent_bench", agent)
+    monkeypatch.setattr(
+        voxgate.bench.agent, "format_report", lambda r: f"voice to voice p50 {r['v2v_ms']['p50']}"
+    )
     return seen
 
 
@@ -231,6 +241,8 @@ def test_report_written_with_all_plots(
     assert len(stubbed["bargein"]) == 1 and stubbed["bargein"][0].quick
     assert stubbed["bargein"][0].trials == 4
     assert len(stubbed["webrtc"]) == 1 and stubbed["webrtc"][0].quick
+    assert stubbed["agent"] == [(3, (1,), {"pipecat": False})]
+    assert "voice to voice p50 600.0" in md
 
     # Tables: p50/p95/p99, run conditions, met/missed from the benchmarks' own fields.
     assert md.count("| p50 | p95 | p99 |") >= 5
@@ -248,7 +260,8 @@ def test_report_written_with_all_plots(
 
     err = capsys.readouterr().err
     for i, name in enumerate(bench_report.STAGES, 1):
-        assert f"[{i}/6] {name}: ok in" in err  # plain progress lines (stderr is not a TTY)
+        # Plain progress lines (stderr is not a TTY).
+        assert f"[{i}/{len(bench_report.STAGES)}] {name}: ok in" in err
 
 
 def test_measured_response_shows_the_38_khz_cutoff() -> None:

@@ -68,14 +68,14 @@ def register_bench(bench_sub: SubParsers) -> None:
 
     a = bench_sub.add_parser(
         "all",
-        help="every benchmark (synth, calls, bargein, webrtc) plus the telephone chain's "
+        help="every benchmark (synth, calls, bargein, webrtc, agent) plus the telephone chain's "
         "measured response and a spectrogram: DIR/report.md with PNG plots",
     )
     a.add_argument("--report", metavar="DIR", required=True, help="write DIR/report.md + PNGs")
     a.add_argument("--quick", action="store_true", help="every stage short (a smoke run)")
     a.add_argument(
         "--skip", metavar="STAGE", action="append", default=[],
-        help="leave stages out (repeat or comma-separate): synth, calls, bargein, webrtc, "
+        help="leave stages out (repeat or comma-separate): synth, calls, bargein, webrtc, agent, "
         "response, spectrogram",
     )  # fmt: skip
     a.add_argument("--json", action="store_true", help="also write DIR/report.json (raw results)")

@@ -8,6 +8,8 @@ Stages, in this order (``--skip`` leaves any out):
   calls-vs-CPU curve;
 - ``bargein``: :func:`voxgate.bench.bargein.run_bench`;
 - ``webrtc``: :func:`voxgate.bench.webrtc.run_bench`;
+- ``agent``: :func:`voxgate.bench.agent.run_agent_bench` (the llm agent's voice-to-voice latency
+  at the caller, its breakdown, CPU per conversation; pipecat's stock agent beside it);
 - ``response``: the telephone chain's frequency response, *measured*: stepped sines and white
   noise through :func:`dsp.telephone.telephone` at the engine's rate, levels read with
   :mod:`dsp.meter`; plus the aliasing of inputs above 4 kHz;
@@ -45,12 +47,13 @@ import numpy.typing as npt
 
 from voxgate.bench.util import cpu_model, fmt, json_default, percentiles, strict_json
 
-STAGES = ("synth", "calls", "bargein", "webrtc", "response", "spectrogram")
+STAGES = ("synth", "calls", "bargein", "webrtc", "agent", "response", "spectrogram")
 TITLES = {
     "synth": "Synthesis: time to first audio",
     "calls": "Concurrent calls: pacing and CPU",
     "bargein": "Barge-in latency",
     "webrtc": "WebRTC: connect to first audio",
+    "agent": "LLM agent: voice to voice",
     "response": "Telephone chain: frequency response",
     "spectrogram": "Before/after spectrogram of a prompt",
 }
@@ -60,6 +63,7 @@ EXPECTED_S = {
     "calls": (45.0, 260.0),
     "bargein": (60.0, 200.0),
     "webrtc": (40.0, 180.0),
+    "agent": (70.0, 480.0),
     "response": (3.0, 3.0),
     "spectrogram": (8.0, 8.0),
 }
@@ -334,6 +338,19 @@ def run_webrtc(ctx: Context, prog: StageProgress) -> dict[str, Any]:
     return r
 
 
+def run_agent(ctx: Context, prog: StageProgress) -> dict[str, Any]:
+    from voxgate.bench.agent import run_agent_bench
+
+    quick = ctx.quick
+    prog.step("3 trials, 1 conversation" if quick else "20 trials at 1, 2, 4 conversations")
+    r = strict_json(
+        run_agent_bench(trials=3 if quick else 20, concurrency=(1,) if quick else (1, 2, 4),
+                        pipecat=False if quick else None)
+    )  # fmt: skip
+    assert isinstance(r, dict)
+    return r
+
+
 def _sine_gain_db(
     f: float, in_rate: int, eq_gain_db: float, seconds: float = 0.5, edge_s: float = 0.05
 ) -> float:
@@ -527,6 +544,7 @@ RUNNERS: dict[str, Runner] = {
     "calls": run_calls,
     "bargein": run_bargein,
     "webrtc": run_webrtc,
+    "agent": run_agent,
     "response": run_response,
     "spectrogram": run_spectrogram,
 }
@@ -884,6 +902,10 @@ def _section_body(sr: StageResult) -> list[str]:
                 ]
             ),
         ]
+    elif sr.name == "agent":
+        from voxgate.bench.agent import format_report
+
+        lines += ["```", format_report(r).rstrip(), "```"]
     elif sr.name == "webrtc":
         rows = [
             ("connect → first audio", r.get("connect_to_first_audio_ms", {})),

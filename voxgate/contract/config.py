@@ -340,7 +340,7 @@ class TurnConfig:
     """When the caller has finished speaking (the ``llm`` agent's turn-taking)."""
 
     # Silence (VAD) after speech before the end-of-turn model is asked.
-    min_silence_ms: int = 200
+    min_silence_ms: int = 300
     # Silence that ends the turn even when the model thinks the caller is not finished.
     max_silence_ms: int = 1500
     # The semantic end-of-turn model (smart-turn v3, bundled in pipecat-ai); off: silence only

@@ -47,7 +47,7 @@ from gateway.stt.segmenter import (
     SegmenterConfig,
     SpeechSegmenter,
 )
-from gateway.stt.stream import stt_pool
+from gateway.stt.stream import EventPump, stt_pool
 from gateway.stt.turn import EndOfTurnModel
 from voxgate.contract.config import TurnConfig
 
@@ -155,7 +155,7 @@ def segmenter_config(cfg: TurnConfig) -> SegmenterConfig:
     )
 
 
-class Hearing:
+class Hearing(EventPump[HeardEvent]):
     """``async for event in Hearing(frames, stt, model, cfg)``: CallerPartial and CallerTurn
     events until the frames end (the call did) and the last turn is out."""
 
@@ -174,7 +174,7 @@ class Hearing:
         self.segmenter = SpeechSegmenter(segmenter_config(cfg))
         self._frames = frames
         self._pool = pool or stt_pool()
-        self._out: asyncio.Queue[HeardEvent | None] = asyncio.Queue()
+        super().__init__()
         # Finals in order, each with its recognition job (eager or not).
         self._finals: asyncio.Queue[tuple[Final, asyncio.Future[_Recognised]] | None] = (
             asyncio.Queue()
@@ -186,27 +186,9 @@ class Hearing:
         self._turn_seq = 0  # which turn _turn is (a verdict names the turn it heard)
         self._pending = 0  # finals queued, not yet decided
         self._gate = asyncio.Lock()  # one recognition job at a time per call
-        self._task: asyncio.Task[None] | None = None
         self.dropped_partials = 0
         self.turns = 0
         self.errors = 0
-
-    def __aiter__(self) -> Hearing:
-        return self
-
-    async def __anext__(self) -> HeardEvent:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        ev = await self._out.get()
-        if ev is None:
-            raise StopAsyncIteration
-        return ev
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     @property
     def buffered_samples(self) -> int:

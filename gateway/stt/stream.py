@@ -8,13 +8,14 @@ arrives is dropped, so a slow engine costs captions, never audio or memory."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from gateway.stt.segmenter import (
     SegmenterConfig,
     SpeechSegmenter,
 )
+
+T = TypeVar("T")
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -51,7 +54,37 @@ class TranscriptEvent:
     compute_s: float
 
 
-class StreamingTranscriber:
+class EventPump(abc.ABC, Generic[T]):
+    """An async iterator fed by a background task that starts on first use: ``_run`` puts
+    events on ``_out``, then None once it is done; ``aclose`` stops it early."""
+
+    def __init__(self) -> None:
+        self._out: asyncio.Queue[T | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def __aiter__(self) -> EventPump[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        ev = await self._out.get()
+        if ev is None:
+            raise StopAsyncIteration
+        return ev
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @abc.abstractmethod
+    async def _run(self) -> None:
+        """Produce the events (ending with None on ``_out``)."""
+
+
+class StreamingTranscriber(EventPump["TranscriptEvent"]):
     """``async for event in StreamingTranscriber(stt, frames)``: ends after the frames end and
     the last final is out."""
 
@@ -67,29 +100,11 @@ class StreamingTranscriber:
         self.segmenter = SpeechSegmenter(config)
         self._frames = frames
         self._pool = pool or stt_pool()
-        self._out: asyncio.Queue[TranscriptEvent | None] = asyncio.Queue()
+        super().__init__()
         self._jobs: list[Partial | Final] = []
         self._wake = asyncio.Event()
         self._eof = False
         self.dropped_partials = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def __aiter__(self) -> StreamingTranscriber:
-        return self
-
-    async def __anext__(self) -> TranscriptEvent:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        ev = await self._out.get()
-        if ev is None:
-            raise StopAsyncIteration
-        return ev
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         worker = asyncio.get_running_loop().create_task(self._work())

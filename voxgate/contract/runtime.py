@@ -22,6 +22,9 @@ def build_bus(cfg: Config) -> Bus:
 def install_stop_signals(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # Signal handlers exist only on a Unix loop in the main thread (asyncio raises
+        # NotImplementedError elsewhere, RuntimeError off the main thread): a gateway run inside
+        # a test's or an embedder's thread is stopped by its owner instead.
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 

@@ -85,6 +85,7 @@ class Gateway:
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
             extra_routes=[web.get("/readyz", self.readyz), web.get("/metrics", self.metrics.handle),
                           *self.webrtc.routes()],
+            twilio_account_sid=self.cfg.stream.account_sid or None,
         )  # fmt: skip
         self.metrics.start()
         self.runner = await start_api(app, host, port)

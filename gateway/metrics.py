@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gateway.agents.stream import StreamStats
 from gateway.call.calls import Call
 from gateway.call.control import (
     AgentError,
@@ -55,8 +56,32 @@ MEDIA_COUNTERS: dict[str, tuple[str, str]] = {
 JITTER_KEY = "jitter_buffer_ms"
 
 AGENT_ERROR_KINDS = (
-    "llm_timeout", "llm_unreachable", "llm_status", "llm_malformed", "tool", "stt", "other",
+    "llm_timeout", "llm_unreachable", "llm_status", "llm_malformed", "tool", "stt",
+    # The stream bridge (gateway.agents.stream): connecting, then the bot's messages.
+    "stream_timeout", "stream_handshake", "stream_tls", "stream_unreachable", "stream_lost",
+    "stream_malformed", "stream_event", "stream_too_big", "stream_flood", "stream_stalled",
+    "stream_overflow", "stream_internal",
+    "other",
 )  # fmt: skip
+# What crossed bot bridges (``StreamStats`` fields) -> exported counter name, help, scale.
+BRIDGE_COUNTERS: dict[str, tuple[str, str, float]] = {
+    "media_sent": ("voxgate_bridge_media_sent", "Caller frames (20 ms) sent to bots", 1.0),
+    "media_dropped": (
+        "voxgate_bridge_media_dropped",
+        "Caller frames dropped because a bot did not read its socket in time", 1.0,
+    ),
+    "dtmf_sent": ("voxgate_bridge_dtmf_sent", "Keys sent to bots", 1.0),
+    "media_received": ("voxgate_bridge_media_received", "media messages received from bots", 1.0),
+    "samples_received": (
+        "voxgate_bridge_audio_received_seconds", "Bot audio received (seconds of 8 kHz)", 1 / 8000,
+    ),
+    "samples_dropped": (
+        "voxgate_bridge_audio_dropped_seconds",
+        "Bot audio dropped over the buffer cap (seconds, at the call's rate)", 0.0,
+    ),
+    "clears": ("voxgate_bridge_clears", "clear messages from bots (the agent cut off)", 1.0),
+    "marks_echoed": ("voxgate_bridge_marks_echoed", "mark messages echoed back to bots", 1.0),
+}
 STT_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
 
 # End reasons are free text (a SIP status line of the far end among them): bucket them.
@@ -167,6 +192,7 @@ class GatewayMetrics:
         # Totals left by ended calls: (leg, outcome) -> calls; (leg, key) -> media counters.
         self._ended_calls: dict[tuple[str, str], int] = {}
         self._ended_media: dict[tuple[str, str], float] = {}
+        self._ended_bridge: dict[str, float] = {}
         # Highest value seen per live call and counter, so a counter a leg recomputes (loss
         # goes down when a late packet turns up) never makes the total go backwards.
         self._seen: dict[str, dict[str, float]] = {}
@@ -232,6 +258,8 @@ class GatewayMetrics:
             k = (leg_kind, name)
             self._ended_media[k] = self._ended_media.get(k, 0.0) + value
         self._seen.pop(call.id, None)
+        for name, count in bridge_counters(call).items():
+            self._ended_bridge[name] = self._ended_bridge.get(name, 0.0) + count
 
     async def _consume(self) -> None:
         async for event in self._events:
@@ -279,8 +307,14 @@ class GatewayMetrics:
         active = {leg: 0 for leg in LEGS}
         media = dict(self._ended_media)
         depths: list[float] = []
+        bridge = dict(self._ended_bridge)
+        bridged = 0
         for call in list(self.manager.calls.values()):
             leg_kind: str = call.info.leg
+            if (counts := bridge_counters(call)) and call.info.state != "ended":
+                bridged += 1
+            for key, value in counts.items():
+                bridge[key] = bridge.get(key, 0.0) + value
             if call.info.state != "ended":
                 active[leg_kind] = active.get(leg_kind, 0) + 1
             stats = leg_media_stats(call)
@@ -316,6 +350,11 @@ class GatewayMetrics:
                 c.add_metric([leg_kind], media.get((leg_kind, key), 0.0))
             yield c
         yield GaugeMetricFamily(
+            "voxgate_bridge_calls_active", "Calls bridged to a bot's WebSocket now", value=bridged
+        )
+        for key, (name, doc, _) in BRIDGE_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=bridge.get(key, 0.0))
+        yield GaugeMetricFamily(
             "voxgate_jitter_buffer_depth_seconds",
             "Mean inbound jitter-buffer depth over the calls up now",
             value=sum(depths) / len(depths) if depths else 0.0,
@@ -347,6 +386,20 @@ def leg_media_stats(call: Call) -> dict[str, float] | None:
     except Exception:  # a broken leg must not break the scrape
         log.exception("media_stats failed on call %s", call.id)
         return None
+
+
+def bridge_counters(call: Call) -> dict[str, float]:
+    """What the call's bot bridge has carried so far (``BRIDGE_COUNTERS`` keys, scaled); empty
+    when its agent is not a bridge."""
+    stats = getattr(call.agent, "stats", None)
+    if not isinstance(stats, StreamStats):
+        return {}
+    out: dict[str, float] = {}
+    for key, (_, _, scale) in BRIDGE_COUNTERS.items():
+        # Dropped bot audio is counted at the call's rate (a browser leg's is 48 kHz).
+        unit = scale or 1.0 / call.rate
+        out[key] = getattr(stats, key) * unit
+    return out
 
 
 class _LiveCollector:

@@ -75,7 +75,7 @@ class AgentRegistry:
         self._stream_session: aiohttp.ClientSession | None = None
         self._stream_ssl: ssl.SSLContext | None = None
         # The accountSid stream calls are given: one per gateway, as Twilio's is per account.
-        self.account_sid = new_sid("AC")
+        self.account_sid = cfg.stream.account_sid or new_sid("AC")
 
     # --- AgentChooser --------------------------------------------------------------------
     def validate(self, spec: object) -> dict[str, object]:

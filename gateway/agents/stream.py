@@ -5,7 +5,8 @@
 On answer the agent dials the bot (``ws://`` or ``wss://`` with certificate verification) and
 plays Twilio's part of the protocol (:mod:`gateway.agents.twilio_media`): ``connected``,
 ``start``, then the caller's audio as 20 ms ``media`` messages (μ-law 8 kHz from
-``caller_audio(8000)``, echo-gated with ``[stream] echo_gate``), a ``dtmf`` message for every key
+``caller_audio(8000)``, echo-gated with ``[stream] echo_gate``: the agent's echo is sent as
+silence, so the stream stays unbroken), a ``dtmf`` message for every key
 (RFC 4733, SIP INFO or a browser's keypad), and ``stop`` when the call ends.
 
 The bot's ``media`` (any length) is queued on the call's playout (``Call.play_audio``), so the
@@ -305,6 +306,9 @@ class StreamAgent:
         self._tap = tap = call.caller_audio(
             RATE, echo_gate=self.settings.echo_gate, max_frames=TAP_FRAMES
         )
+        # Twilio sends a media message every 20 ms, silence included: the bot's VAD and
+        # timestamps expect an unbroken stream, so a gated frame is sent as silence.
+        tap.fill_gated = True
         self._spawn(self._pump(tap), "stream-pump")
         self.connected.set()
         log.info("call %s: bridged to %s (stream %s)", call.id, redact(self.url),

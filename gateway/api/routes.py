@@ -26,9 +26,10 @@ form ``Status=completed`` (or ``canceled``) hangs up the call voxgate bridged to
 ``auto_hang_up`` on and ``base_url`` pointing at voxgate ends its calls as it would on Twilio.
 Twilio authenticates it with HTTP Basic (account SID and auth token): with a token configured,
 the Basic password must be the API token (the user name is not checked; a bearer token works
-too); without one it is open on loopback like ``/api/*``. Answers and errors are Twilio-shaped
-JSON (a call resource; ``{"code", "message", "more_info", "status"}``, 20404 for an unknown call,
-which pipecat takes as "already ended").
+too); without one it is open on loopback like ``/api/*``. With ``[stream] account_sid`` set,
+only that ``AccountSid`` is answered (another gets 20404, as a call of another account would).
+Answers and errors are Twilio-shaped JSON (a call resource; ``{"code", "message", "more_info",
+"status"}``, 20404 for an unknown call, which pipecat takes as "already ended").
 
 Without a token the API may only listen on loopback (``check_bind_safety``). Loopback is not
 enough against a browser on the same machine — any web page can send it simple cross-origin
@@ -106,6 +107,7 @@ _API_PREFIX: Final = "/api"
 _EVENTS_PATH: Final = "/api/events"
 
 _TOKEN_KEY: Final[web.AppKey[str | None]] = web.AppKey("voxgate.api_token")
+_ACCOUNT_KEY: Final[web.AppKey[str | None]] = web.AppKey("voxgate.twilio_account_sid")
 _TWILIO_CALL_PATH: Final = "/2010-04-01/Accounts/{account_sid}/Calls/{call_sid}.json"
 
 
@@ -693,7 +695,10 @@ async def _twilio_update_call(request: web.Request, control: CallControl) -> web
         return _twilio_error(
             400, 400, f"Status must be 'completed' or 'canceled' to end the call; got {status!r}"
         )
+    account = request.app[_ACCOUNT_KEY]
     found = next((c for c in control.list_calls() if call_sid_for(c.id) == call_sid), None)
+    if account is not None and account_sid != account:
+        found = None  # not a call of this account
     if found is not None:
         try:
             await control.hangup(found.id)
@@ -853,6 +858,7 @@ def make_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ws_queue_size: int = DEFAULT_WS_QUEUE_SIZE,
     ws_heartbeat_s: float = DEFAULT_WS_HEARTBEAT_S,
+    twilio_account_sid: str | None = None,
 ) -> web.Application:
     """The control API as an aiohttp application (see the module doc for the contract).
 
@@ -872,6 +878,7 @@ def make_app(
         client_max_size=max_body_bytes,
     )
     app[_TOKEN_KEY] = token or None
+    app[_ACCOUNT_KEY] = twilio_account_sid or None
     app.add_routes(
         [
             web.get("/healthz", api.healthz),

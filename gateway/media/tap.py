@@ -6,7 +6,11 @@ With ``echo_gate`` the frames are held back while the agent's own voice may be c
 on the line and the barge-in detector has not recognised the caller over it: the agent's
 speech-to-text then does not transcribe the agent.  When the detector does recognise the
 caller (``caller_started``), the held pre-roll (the caller's onset, before the decision) is
-released first, so no word start is lost.
+released first, so no word start is lost.  A consumer that needs an unbroken 20 ms stream (a
+bridged bot: its VAD and Twilio's ``timestamp`` expect one frame per 20 ms) sets ``fill_gated``:
+each withheld frame is then replaced by a frame of digital silence, and the released onset
+follows as extra frames (the bot hears the caller's first syllables a little late and fast,
+never the agent's echo).
 
 The frame path (:meth:`CallerAudioTap.push`) is synchronous and cheap; the asyncio side is
 only the wake-up of the reader."""
@@ -58,6 +62,7 @@ class CallerAudioTap:
         self._max = max_frames
         self._preroll: deque[Int16Array] = deque(maxlen=max(1, PREROLL_MS // FRAME_MS))
         self._caller = False  # the detector has the caller speaking (gate open)
+        self.fill_gated = False  # deliver silence in place of withheld frames (module doc)
         self._wake = asyncio.Event()
         self.closed = False
         self.frames = 0  # delivered into the queue
@@ -80,6 +85,8 @@ class CallerAudioTap:
             if self.echo_gate and agent_audible and not self._caller:
                 self._preroll.append(frame)
                 self.gated += 1
+                if self.fill_gated:
+                    self._deliver(np.zeros(self.frame, dtype=np.int16))
             else:
                 self._deliver(frame)
 

@@ -123,3 +123,20 @@ async def test_without_a_token_it_is_open_on_loopback_only(
     r = await c.post(path("c2"), data={"Status": "completed"},
                      headers={"Origin": "https://evil.example"})  # fmt: skip
     assert r.status == 403 and control.hung_up == ["c1"]
+
+
+async def test_a_configured_account_answers_only_for_itself(control: FakeControl) -> None:
+    # [stream] account_sid set: a bot of another account cannot end voxgate's calls.
+    app = make_app(control, token=TOKEN, max_text_chars=5000, twilio_account_sid=ACCOUNT)
+    c: Client = TestClient(TestServer(app, host="127.0.0.1"))
+    await c.start_server()
+    try:
+        other = "AC" + "f" * 32
+        r = await c.post(path("c1", other), data={"Status": "completed"},
+                         headers=basic(other, TOKEN))  # fmt: skip
+        assert r.status == 404 and (await r.json())["code"] == 20404
+        assert control.hung_up == []
+        r = await c.post(path("c1"), data={"Status": "completed"}, headers=basic(ACCOUNT, TOKEN))
+        assert r.status == 200 and control.hung_up == ["c1"]
+    finally:
+        await c.close()

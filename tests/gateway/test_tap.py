@@ -100,3 +100,20 @@ def test_bad_rates_are_refused() -> None:
         CallerAudioTap(8000, 44100)
     with pytest.raises(ValueError):
         CallerAudioTap(8000, 8000, max_frames=0)
+
+
+async def test_fill_gated_keeps_the_stream_unbroken_with_silence_for_the_echo() -> None:
+    # A bridged bot expects one frame per 20 ms: the withheld echo arrives as digital silence,
+    # then the released onset, then the caller.
+    tap = CallerAudioTap(8000, 8000, echo_gate=True)
+    tap.fill_gated = True
+    for i in range(1, 21):  # 400 ms of (possible) echo
+        tap.push(np.full(N8, i, np.int16), agent_audible=True)
+    assert tap.pending() == 20 and tap.gated == 20
+    tap.caller_started()
+    tap.push(np.full(N8, 99, np.int16), agent_audible=True)
+    frames = await drain(tap)
+    kept = PREROLL_MS // 20
+    assert all(not f.any() for f in frames[:20])  # silence, not the agent's echo
+    assert [int(f[0]) for f in frames[20:]] == [*range(21 - kept, 21), 99]
+    assert all(len(f) == N8 for f in frames)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.agents.stream import StreamStats
 from gateway.call.control import BargeIn, UtteranceFinished, WorkerStopped
 from gateway.call.manager import CallManager
 from gateway.metrics import CALL_OUTCOMES, GatewayMetrics, call_outcome
@@ -181,3 +182,35 @@ async def test_metrics_registries_are_per_gateway() -> None:
     await m1.close()
     await m2.close()
     await bus.close()
+
+
+async def test_bridge_counters_add_live_and_ended_bridges(
+    setup: tuple[CallManager, GatewayMetrics],
+) -> None:
+    manager, metrics = setup
+
+    class Bridge:  # what the scrape reads of a StreamAgent: its stats
+        def __init__(self) -> None:
+            self.stats = StreamStats()
+
+    a = manager.new_call("sip", "inbound", "sip:a@x", "sip:bot@y")
+    b = manager.new_call("webrtc", "inbound", "browser", "gw")
+    manager.new_call("sip", "inbound", "sip:c@x", "sip:ivr@y")  # not bridged
+    bridge_a, bridge_b = Bridge(), Bridge()
+    a.agent, b.agent = bridge_a, bridge_b  # type: ignore[assignment]
+    b.rate = 48000  # a browser leg
+    bridge_a.stats.media_sent, bridge_a.stats.samples_received = 50, 16000
+    bridge_a.stats.clears, bridge_a.stats.dtmf_sent = 2, 4
+    bridge_b.stats.media_sent, bridge_b.stats.samples_dropped = 10, 48000
+    s = await render(metrics)
+    assert s.get("voxgate_bridge_calls_active") == 2
+    assert s.get("voxgate_bridge_media_sent_total") == 60
+    assert s.get("voxgate_bridge_audio_received_seconds_total") == pytest.approx(2.0)
+    assert s.get("voxgate_bridge_audio_dropped_seconds_total") == pytest.approx(1.0)  # 48 kHz
+    assert s.get("voxgate_bridge_clears_total") == 2
+    await a.ended("remote hangup")
+    bridge_a.stats.media_sent = 0  # not read again once the call is forgotten
+    s = await render(metrics)
+    assert s.get("voxgate_bridge_calls_active") == 1
+    assert s.get("voxgate_bridge_media_sent_total") == 60
+    assert s.get("voxgate_bridge_dtmf_sent_total") == 4

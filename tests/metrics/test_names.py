@@ -32,6 +32,15 @@ GATEWAY = {
     "voxgate_agent_stt_seconds": "histogram",
     "voxgate_agent_llm_first_token_seconds": "histogram",
     "voxgate_agent_errors": "counter",
+    "voxgate_bridge_calls_active": "gauge",
+    "voxgate_bridge_media_sent": "counter",
+    "voxgate_bridge_media_dropped": "counter",
+    "voxgate_bridge_dtmf_sent": "counter",
+    "voxgate_bridge_media_received": "counter",
+    "voxgate_bridge_audio_received_seconds": "counter",
+    "voxgate_bridge_audio_dropped_seconds": "counter",
+    "voxgate_bridge_clears": "counter",
+    "voxgate_bridge_marks_echoed": "counter",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import tomllib
 import types
 import typing
@@ -308,8 +309,17 @@ class StreamConfig:
     # Said when the bot is unreachable or breaks the protocol, before the call is hung up;
     # empty: hang up at once.
     fallback: str = "Sorry, we cannot take your call right now. Please try again later."
+    # The accountSid given to bots in "start" (Twilio's shape: AC + 32 hex digits); set it to
+    # the bot's TWILIO_ACCOUNT_SID, and the Twilio-compatible hang-up route then answers only
+    # for that account. Empty: one is made up per gateway start and the route takes any.
+    account_sid: str = ""
 
     def validate(self) -> None:
+        if self.account_sid and not re.fullmatch(r"AC[0-9a-fA-F]{32}", self.account_sid):
+            raise ConfigError(
+                "stream.account_sid: expected AC followed by 32 hex digits (a Twilio account "
+                f"SID), got {self.account_sid!r}"
+            )
         if self.url:
             check_stream_url("stream.url", self.url)
         if self.ca_file and not Path(self.ca_file).is_file():

@@ -10,6 +10,7 @@ import sys
 from voxgate.bench.options import (
     add_agent_arguments,
     add_bargein_arguments,
+    add_bridge_arguments,
     add_calls_arguments,
     add_webrtc_arguments,
 )
@@ -66,6 +67,14 @@ def register_bench(bench_sub: SubParsers) -> None:
     add_config_arguments(ag, ("turn", "llm.greeting", "llm.system_prompt"))
     ag.set_defaults(func=cmd_bench_agent)
 
+    br = bench_sub.add_parser(
+        "bridge",
+        help="the pipecat bridge (stream agent): added latency both ways, clear → silence, "
+        "bot-driven barge-in against pipecat's own Twilio path, echo, capacity",
+    )
+    add_bridge_arguments(br)
+    br.set_defaults(func=cmd_bench_bridge)
+
     a = bench_sub.add_parser(
         "all",
         help="every benchmark (synth, calls, bargein, webrtc, agent) plus the telephone chain's "
@@ -103,6 +112,12 @@ def cmd_bench_webrtc(args: argparse.Namespace) -> int:
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:
     from voxgate.bench.agent import cmd_bench_agent as run
+
+    return run(args)
+
+
+def cmd_bench_bridge(args: argparse.Namespace) -> int:
+    from voxgate.bench.bridge import cmd_bench_bridge as run
 
     return run(args)
 

@@ -100,3 +100,22 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         help="experiment: the gateway decodes live captions every MS ms instead of its built-in "
         "interval (a large value: no captions)",
     )  # fmt: skip
+
+
+def add_bridge_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench bridge``."""
+    p.add_argument("--probe-calls", type=int, default=2, help="probe calls in part 1 (2)")
+    p.add_argument("--bursts", type=int, default=60)
+    p.add_argument("--clears", type=int, default=20)
+    p.add_argument("--bargein-trials", type=int, default=8, help="per path (8)")
+    p.add_argument(
+        "--echo-s", type=float, default=60.0, help="bot talking over echo, per setting (60)"
+    )
+    p.add_argument("--capacity", default="10,40", help="bridged call counts, comma-separated")
+    p.add_argument("--capacity-hold-s", type=float, default=20.0)
+    p.add_argument(
+        "--parts", default="probe,bargein,echo,capacity",
+        help="which parts to run (comma-separated; default all four)",
+    )  # fmt: skip
+    p.add_argument("--keep-dir")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")

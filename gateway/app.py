@@ -14,11 +14,13 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.agents.registry import AgentRegistry
+from gateway.api.recordings import recording_routes
 from gateway.api.routes import check_bind_safety, make_app, start_api, stop_api
 from gateway.call.manager import CallManager
 from gateway.legs.sip.register import Registrar
 from gateway.legs.sip.ua import SipUA, resolve_uri
 from gateway.legs.webrtc.service import WebRtcService
+from gateway.media.recording import Recordings
 from gateway.metrics import GatewayMetrics
 from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker
@@ -45,6 +47,9 @@ class Gateway:
             synth_timeout_s=cfg.worker.default_deadline_s + 2.0,
         )  # fmt: skip
         self.manager.agents = self.agents
+        # Call recording: one writer thread for every call's WAV (gateway.media.recording).
+        self.recordings = Recordings(cfg.recording)
+        self.manager.recordings = self.recordings
         self.ticker = MediaTicker()
         self.readiness = WorkerReadiness(bus)
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker, self.readiness)
@@ -84,10 +89,11 @@ class Gateway:
         app = make_app(
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
             extra_routes=[web.get("/readyz", self.readyz), web.get("/metrics", self.metrics.handle),
-                          *self.webrtc.routes()],
+                          *self.webrtc.routes(), *recording_routes(self.manager)],
             twilio_account_sid=self.cfg.stream.account_sid or None,
         )  # fmt: skip
         self.metrics.start()
+        self.recordings.start()
         self.runner = await start_api(app, host, port)
         addresses = self.runner.addresses
         self.http_port = int(addresses[0][1]) if addresses else port
@@ -117,6 +123,7 @@ class Gateway:
             await self.registrar.close()
         await self.webrtc.close()
         await self.ua.close()
+        await self.recordings.close()  # the calls have ended: their files are finalised
         await self.readiness.close()
         self.ticker.close()
         if self.runner is not None:

@@ -38,6 +38,7 @@ from gateway.call.control import (
     WorkerStopped,
 )
 from gateway.call.manager import CallManager
+from gateway.media.recording import ERROR_CODES as RECORDING_ERROR_CODES
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 
@@ -200,6 +201,7 @@ class GatewayMetrics:
         self._pending: float | None = None
         self._refreshers: list[Callable[[], Awaitable[None]]] = [self._refresh_bus]
         r.register(_LiveCollector(self))
+        r.register(_RecordingCollector(manager))
         manager.on_forget.append(self._on_forget)
         manager.on_first_audio.append(self._on_first_audio)
         self._events = manager.subscribe_events()
@@ -419,5 +421,47 @@ class _LiveCollector:
             ("voxgate_jitter_buffer_depth_max_seconds", "gauge"),
             ("voxgate_synth_request_stream_lag", "gauge"),
             ("voxgate_synth_request_stream_pending", "gauge"),
+        ]  # fmt: skip
+        return [Metric(name, "", typ) for name, typ in names]
+
+
+class _RecordingCollector:
+    """Call recording (``gateway.media.recording``), read from the writer's counters at scrape
+    time: recordings being written, bytes written, frames dropped on a full queue, and the
+    recordings that failed, by ``code`` (disk_full, permission, io)."""
+
+    def __init__(self, manager: CallManager) -> None:
+        self._manager = manager
+
+    def collect(self) -> Iterable[Metric]:
+        rec = self._manager.recordings
+        yield GaugeMetricFamily(
+            "voxgate_recordings_active", "Call recordings being written now",
+            value=rec.active if rec is not None else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "voxgate_recording_written_bytes", "Audio bytes written to call recordings",
+            value=rec.bytes_written if rec is not None else 0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "voxgate_recording_dropped_frames",
+            "Frames a call recording dropped because its writer fell max_queue_s behind",
+            value=rec.frames_dropped if rec is not None else 0,
+        )
+        errors = CounterMetricFamily(
+            "voxgate_recording_errors",
+            "Call recordings stopped by a disk error, by code (disk_full, permission, io); "
+            "the calls went on",
+            labels=["code"],
+        )
+        for code in RECORDING_ERROR_CODES:
+            errors.add_metric([code], rec.errors.get(code, 0) if rec is not None else 0)
+        yield errors
+
+    def describe(self) -> Iterable[Metric]:
+        names = [
+            ("voxgate_recordings_active", "gauge"), ("voxgate_recording_written_bytes", "counter"),
+            ("voxgate_recording_dropped_frames", "counter"),
+            ("voxgate_recording_errors", "counter"),
         ]  # fmt: skip
         return [Metric(name, "", typ) for name, typ in names]

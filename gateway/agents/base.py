@@ -7,7 +7,9 @@ on the agent's own task (off the media path: a slow agent delays only itself):
 - ``UtteranceFinished`` (done, interrupted with the words the caller ``heard``, cancelled,
   error); ``BargeIn`` and ``WorkerStopped`` when the caller cut the agent short;
 - ``SpeechStarted`` / ``SpeechStopped`` (the echo-aware detector's view of the caller);
-- ``CallStateChanged`` (``ended``, with its reason, is the last one).
+- ``CallStateChanged`` (``ended``, with its reason, is the last one);
+- ``TransferEvent`` (the steps of a ``transfer``: started, progress, then completed, refused,
+  failed or not_supported).
 
 An agent reports its conversation with ``emit``: ``Transcript`` (caller and agent words),
 ``AgentTurn`` (an exchange's timings), ``AgentError`` (a fallback taken); these go to
@@ -27,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from gateway.call.control import CallInfo, Event
+from gateway.call.control import CallInfo, Event, TransferOutcome
 from gateway.media.tap import CallerAudioTap
 
 
@@ -78,6 +80,35 @@ class CallHandle(Protocol):
         ...
 
     async def hangup(self, reason: str = "agent") -> None: ...
+
+    def start_recording(self, channels: str = "both") -> str:
+        """Record the call to a WAV (``channels`` "both": stereo, caller left, agent right;
+        "caller": mono); returns the recording's id. The file opens off the media path:
+        ``RecordingEvent`` started, or failed (disk full, permissions), and the call goes on
+        either way. Raises BadRequest, Conflict (already recording, ended), Unavailable."""
+        ...
+
+    def stop_recording(self) -> None:
+        """Stop recording, if recording; the file is finalised in the background
+        (``RecordingEvent`` stopped). Hang-up stops it too."""
+        ...
+
+    async def transfer(
+        self,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        """Hand the caller to ``target`` (``sip:``/``sips:``): a blind transfer by REFER (RFC
+        3515) on a SIP leg; when it completes the call ends ("transferred"). With
+        ``fallback="bridge"`` a refused or failed REFER (or a browser leg) becomes a call the
+        gateway places to ``target`` and bridges: this agent then stops, and either side
+        hanging up ends both. ``mode="attended"`` is answered ``not_supported``. Returns
+        the outcome (``TransferOutcome``: completed | refused | failed | not_supported, the
+        SIP status, a reason)."""
+        ...
 
 
 @runtime_checkable

@@ -167,6 +167,12 @@ def fill(template: str, variables: dict[str, str]) -> str:
     return _PLACEHOLDER.sub(lambda m: variables.get(m.group(1), m.group(0)), template)
 
 
+ToolHook = Callable[[str, dict[str, Any]], Awaitable[dict[str, object] | None]]
+"""A tool call the agent's owner may take: its result for the model, or None (the agent's
+own handling). A handled call hands the call back: the agent hangs up after its reply, and
+the owner (``gateway.flow``) sees that hang-up as the end of the agent's turn."""
+
+
 class LlmAgent:
     kind = "llm"
 
@@ -181,6 +187,7 @@ class LlmAgent:
         fallback: str,
         max_history: int = 40,
         tools: list[dict[str, object]] | None = None,
+        on_tool: ToolHook | None = None,
     ) -> None:
         self.client = client
         self._ears = ears
@@ -190,6 +197,9 @@ class LlmAgent:
         self.fallback = fallback
         self.max_history = max_history
         self.tools = TOOLS if tools is None else tools
+        # Tools the agent's owner takes over (a call flow's ``llm`` verb): a result from it
+        # ends the agent's part once the reply has been said (see ``ToolHook``).
+        self.on_tool = on_tool
         self.history: list[dict[str, Any]] = []  # the conversation, without the system prompt
         self._rounds: list[_Round] = []
         self._call: CallHandle | None = None
@@ -367,6 +377,10 @@ class LlmAgent:
             call.emit(AgentError(call.id, kind="tool", message=f"{c.name}: {message}"))
             return {"ok": False, "error": f"bad arguments: {message}"}, True, False
         args = c.arguments
+        if self.on_tool is not None:
+            handled = await self.on_tool(c.name, args)
+            if handled is not None:
+                return handled, False, True
         if c.name == "hangup":
             return {"ok": True}, False, True
         if c.name == "end_call_after_reply":

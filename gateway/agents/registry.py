@@ -12,11 +12,17 @@ call to a bot's WebSocket (``gateway.agents.stream``); ``url`` defaults to ``[st
 ``parameters`` (strings) reach the bot as the ``start`` message's ``customParameters``. Stream
 calls share one WebSocket client session without a connection limit (each call holds its
 socket for the whole call) and one TLS context (``[stream] ca_file``).
+
+A ``flow`` agent (``{"kind": "flow", "flow": "sales", "vars": {...}}`` or ``{"kind": "flow",
+"url": "https://..."}``) runs a call flow (``gateway.flow``): a named flow of ``[flow] file``
+(read and checked once, at start: a bad file stops the start), or a webhook's verbs. Flow calls
+share the webhook client (signed, bounded) and, for speech gathers, the recogniser.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 from collections.abc import Callable
@@ -29,6 +35,9 @@ from gateway.agents.llm import Ears, LlmAgent, fill
 from gateway.agents.stream import StreamAgent
 from gateway.agents.twilio_media import new_sid
 from gateway.call.control import BadRequest, CallInfo
+from gateway.flow.engine import FlowAgent, FlowServices
+from gateway.flow.source import Webhook, WebhookSettings, load_flow_file
+from gateway.flow.verbs import FlowError, Limits, check_url
 from gateway.llm.client import ChatClient
 from voxgate.contract.config import AGENT_KINDS, Config, ConfigError, check_stream_url
 
@@ -45,6 +54,7 @@ AGENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ivr": ("kind",),
     "llm": ("kind", "system_prompt", "greeting", "vars", "model", "temperature", "max_tokens"),
     "stream": ("kind", "url", "parameters"),
+    "flow": ("kind", "flow", "url", "vars"),
 }
 
 
@@ -76,6 +86,8 @@ class AgentRegistry:
         self._stream_ssl: ssl.SSLContext | None = None
         # The accountSid stream calls are given: one per gateway, as Twilio's is per account.
         self.account_sid = cfg.stream.account_sid or new_sid("AC")
+        self._flow_session: aiohttp.ClientSession | None = None
+        self.flows = self._flow_services()  # the flow file is read and checked here, at start
 
     # --- AgentChooser --------------------------------------------------------------------
     def validate(self, spec: object) -> dict[str, object]:
@@ -134,6 +146,8 @@ class AgentRegistry:
             spec = {**spec, "vars": values}
         if kind == "stream":
             spec = {**spec, **self._stream_spec(spec)}
+        if kind == "flow":
+            spec = {**spec, **self._flow_spec(spec)}
         return dict(spec)
 
     def _stream_spec(self, spec: dict[str, object]) -> dict[str, object]:
@@ -177,6 +191,8 @@ class AgentRegistry:
             return self._llm(spec or {})
         if kind == "stream":
             return self._stream(spec or {})
+        if kind == "flow":
+            return self._flow(spec or {})
         return IvrAgent(self.cfg.ivr)
 
     def default(self, info: CallInfo) -> Agent:
@@ -249,9 +265,20 @@ class AgentRegistry:
             return self._ears
 
     async def warm(self) -> None:
-        """Load what the default agent needs before the first call arrives."""
+        """Load what the default agent needs before the first call arrives (and the
+        recogniser when the flow file has a speech gather: a missing model stops the start)."""
         if self.cfg.agent.kind == "llm":
             await self.ears()
+        book = self.flows.book
+        where = book.speech_at() if book is not None else None
+        if book is not None and where is not None:
+            try:
+                await self.ears()
+            except Exception as exc:  # the recogniser's model is missing or broken
+                raise ConfigError(
+                    f"flow.file: {book.origin}: {where} listens for speech, but speech-to-text "
+                    f"cannot load: {exc}"
+                ) from None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -259,10 +286,93 @@ class AgentRegistry:
         return self._session
 
     async def close(self) -> None:
+        if self._flow_session is not None:
+            await self._flow_session.close()
         if self._session is not None:
             await self._session.close()
         if self._stream_session is not None:
             await self._stream_session.close()
+
+    # --- flow ----------------------------------------------------------------------------
+    def _flow_services(self) -> FlowServices:
+        cfg = self.cfg
+        f = cfg.flow
+        limits = Limits(
+            llm=bool(cfg.llm.base_url), stream_url=bool(cfg.stream.url),
+            max_text_chars=cfg.synth.max_text_chars,
+        )  # fmt: skip
+        book = load_flow_file(f.file, limits) if f.file else None
+        if book is not None and f.start:
+            if f.start not in book.flows:
+                raise ConfigError(f"flow.start: {f.file} has no flow named {f.start!r} "
+                                  f"(flows: {', '.join(sorted(book.flows))})")  # fmt: skip
+            book = dataclasses.replace(book, start=f.start)
+        settings = WebhookSettings(
+            timeout_s=f.timeout_s, retries=f.retries, max_response_bytes=f.max_response_bytes,
+            secret=f.secret(),
+        )  # fmt: skip
+        return FlowServices(
+            webhook=Webhook(settings, self._flow_http),
+            book=book,
+            url=f.url,
+            fallback=f.fallback,
+            # A webhook's verbs: flows named must be the file's; files are the file's alone.
+            limits=dataclasses.replace(
+                limits, flows=frozenset(book.flows) if book is not None else frozenset()
+            ),
+            turn=cfg.turn,
+            ears=self.ears,
+            llm=self._llm if cfg.llm.base_url else None,
+            stream=self._stream,
+        )
+
+    def _flow_spec(self, spec: dict[str, object]) -> dict[str, object]:
+        flow, url = spec.get("flow"), spec.get("url")
+        book = self.flows.book
+        if flow is not None and url is not None:
+            raise BadRequest("agent: give flow (a name) or url (a webhook), not both")
+        if flow is not None:
+            if not isinstance(flow, str):
+                raise BadRequest("agent.flow must be a string")
+            if book is None:
+                raise BadRequest("agent.flow: this gateway has no [flow] file; give agent.url")
+            if flow not in book.flows:
+                raise BadRequest(
+                    f"agent.flow: no flow named {flow[:100]!r} "
+                    f"(flows: {', '.join(sorted(book.flows))})"
+                )
+        elif url is not None:
+            if not isinstance(url, str):
+                raise BadRequest("agent.url must be a string")
+            if len(url) > MAX_URL_CHARS:
+                raise BadRequest(
+                    f"agent.url is {len(url)} characters; the limit is {MAX_URL_CHARS}"
+                )
+            try:
+                check_url("agent.url", url)
+            except FlowError as exc:
+                raise BadRequest(str(exc)) from None
+        elif book is None and not self.flows.url:
+            raise BadRequest(
+                "the flow agent needs flows: give agent.flow or agent.url; this gateway has no "
+                "[flow] file or url"
+            )
+        return {"flow": flow, "url": url, "vars": self._vars(spec.get("vars"))}
+
+    def _flow(self, spec: dict[str, object]) -> FlowAgent:
+        flow, url, variables = spec.get("flow"), spec.get("url"), spec.get("vars")
+        return FlowAgent(
+            self.flows,
+            flow=flow if isinstance(flow, str) else None,
+            url=url if isinstance(url, str) else None,
+            variables={str(k): str(v) for k, v in variables.items()}
+            if isinstance(variables, dict) else None,
+        )  # fmt: skip
+
+    def _flow_http(self) -> aiohttp.ClientSession:
+        if self._flow_session is None or self._flow_session.closed:
+            self._flow_session = aiohttp.ClientSession()
+        return self._flow_session
 
     @staticmethod
     def _vars(value: object) -> dict[str, str]:

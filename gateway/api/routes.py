@@ -15,6 +15,10 @@ passes ``max_text_chars``); any failure is also raised inside ``say_stream``'s i
 truncated text is never taken for the whole. Streams have no ``interrupt`` (``say_stream`` has
 none).
 
+``POST /api/calls/{id}/transfer`` ``{"target": "sip:...", "mode": "blind"|"attended",
+"fallback": "bridge"|"none", "timeout_s"}`` waits for the transfer's outcome and answers it
+(``gateway.call.control.TransferOutcome``) with 200, whatever the result.
+
 Authentication: when a token is configured, every ``/api/*`` request needs
 ``Authorization: Bearer <token>`` (compared in constant time). Browsers cannot set headers on a
 WebSocket, so ``GET /api/events`` alone also accepts ``?token=<token>``; the access log redacts
@@ -508,6 +512,33 @@ class _Api:
         await self.control.hangup(request.match_info["id"])
         return web.Response(status=204)
 
+    async def transfer(self, request: web.Request) -> web.Response:
+        """Answers once the outcome is known (a REFER's final NOTIFY, or the bridged leg's
+        answer): 200 with ``{"result", "status", "reason", "bridged_call"}`` whatever the
+        result; the steps also go out on /api/events as ``transfer`` events."""
+        call_id = request.match_info["id"]
+        body = await json_object(request)
+        _only(body, ("target", "mode", "fallback", "timeout_s"))
+        target = _sip_uri("target", _string(body, "target"))
+        mode = _optional_string(body, "mode") or "blind"
+        if mode not in ("blind", "attended"):
+            raise BadRequest(f"field 'mode' must be blind or attended, got {mode!r}")
+        fallback = _optional_string(body, "fallback")
+        if fallback not in (None, "none", "bridge"):
+            raise BadRequest(f"field 'fallback' must be bridge or none, got {fallback!r}")
+        timeout_s = body.get("timeout_s")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not 0 < timeout_s <= 600
+        ):
+            raise BadRequest(f"field 'timeout_s' must be a number in (0, 600], got {timeout_s!r}")
+        outcome = await self.control.transfer(
+            call_id, target, mode=mode, fallback=None if fallback == "none" else fallback,
+            timeout_s=None if timeout_s is None else float(timeout_s),
+        )  # fmt: skip
+        return web.json_response(outcome.to_json())
+
     async def dtmf(self, request: web.Request) -> web.Response:
         call_id = request.match_info["id"]
         body = await json_object(request)
@@ -888,6 +919,7 @@ def make_app(
             web.delete("/api/calls/{id}", api.hangup),
             web.post("/api/calls/{id}/say", api.say),
             web.post("/api/calls/{id}/dtmf", api.dtmf),
+            web.post("/api/calls/{id}/transfer", api.transfer),
             web.get(_EVENTS_PATH, api.events, allow_head=False),
             web.post(_TWILIO_CALL_PATH, api.twilio_update_call),
         ]

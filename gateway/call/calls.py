@@ -20,13 +20,14 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from dsp.resample import Resampler
 from gateway.agents.base import Agent
+from gateway.call.bridge import Bridge
 from gateway.call.control import (
     AgentEvent,
     BadRequest,
@@ -35,12 +36,16 @@ from gateway.call.control import (
     CallState,
     CallStateChanged,
     Conflict,
+    ControlError,
     DtmfReceived,
     Event,
     SpeechStarted,
     SpeechStopped,
     TextTooLong,
     Transcript,
+    TransferEvent,
+    TransferOutcome,
+    Unavailable,
     UtteranceFinished,
     UtteranceStarted,
     WorkerStopped,
@@ -55,6 +60,7 @@ from gateway.media.bargein import (
 )
 from gateway.media.coupling import MediaCoupling
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
+from gateway.media.recording import CHANNELS, Recorder, Recordings
 from gateway.media.tap import CallerAudioTap
 from voxgate.contract.bus.base import Bus, BusError, Subscription
 from voxgate.contract.bus.schema import (
@@ -76,6 +82,16 @@ TRANSCRIPT_LINES = 1000
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
 ERR_NO_WORKER = "no_worker"
 
+# A transfer waits this long for its outcome: the final NOTIFY of a REFER, or the answer of a
+# bridged leg (the referred phone rings meanwhile; Timer B of an INVITE is 32 s).
+TRANSFER_TIMEOUT_S = 32.0
+# Why attended transfer is refused (mode="attended"): it needs a consultation call and REFER
+# with Replaces (RFC 5589 §7, RFC 3891), which the gateway does not do.
+ATTENDED_NOT_SUPPORTED = (
+    "attended transfer (a consultation call, then REFER with Replaces, RFC 5589 §7 / RFC 3891) "
+    "is not supported; use a blind transfer, with fallback bridge if needed"
+)
+
 
 class Leg(Protocol):
     """The signalling + media side of a call (``SipLeg``, ``WebRtcLeg``): everything a call,
@@ -90,6 +106,19 @@ class Leg(Protocol):
     def media_stats(self) -> dict[str, float]:
         """Cumulative media counters for /metrics: packets_received, packets_lost,
         late_sends, jitter_buffer_ms (keys a leg cannot measure are left out)."""
+
+
+@runtime_checkable
+class ReferringLeg(Leg, Protocol):
+    """A leg that can ask its far end to call someone else (``SipLeg``: REFER, RFC 3515)."""
+
+    async def refer(
+        self, target: str, *, timeout_s: float, on_progress: Callable[[int, str], None]
+    ) -> TransferOutcome:
+        """REFER the far end to ``target`` and wait for the outcome (completed, refused,
+        failed); ``on_progress(status, reason)`` gets the 202 and each provisional sipfrag.
+        Does not hang up: on completed the call does."""
+        ...
 
 
 @dataclass(slots=True)
@@ -109,6 +138,8 @@ class CallHost(Protocol):
     bargein: BargeinSettings | None
     max_text_chars: int
     synth_timeout_s: float
+    # Where recordings go (None: this gateway does not record).
+    recordings: Recordings | None
     on_first_audio: list[Callable[[Call, float], None]]
 
     def detector_bank(self, config: BargeInConfig) -> DetectorBank: ...
@@ -120,6 +151,11 @@ class CallHost(Protocol):
     def forget(self, call: Call) -> None: ...
 
     def agent_for(self, call: Call) -> Agent | None: ...
+
+    async def dial(self, to: str) -> Call:
+        """Place an outbound call to ``to`` (through the trunk) with no agent of its own: the
+        second leg of a bridge. Returns it ringing; raises ControlError (Unavailable)."""
+        ...
 
 
 class Call:
@@ -166,6 +202,16 @@ class Call:
         # both sides, bounded.
         self.transcript: deque[dict[str, object]] = deque(maxlen=TRANSCRIPT_LINES)
         self._sub: Subscription | None = None
+        # The recording being made, fed the frames of each tick (see gateway.media.recording).
+        self.recorder: Recorder | None = None
+        # The other call this one's media is crossed with (a bridged transfer), and whether
+        # this call runs an agent at all (a bridge's second leg does not).
+        self.bridge: Bridge[Call] | None = None
+        self.wants_agent = True
+        # The outcome of each transfer (for the call's record), and one at a time.
+        self.transfers: list[dict[str, object]] = []
+        self._transferring = False
+        self._agent_stopped = False
         # Utterances of raw agent audio (play_audio) until they finish playing.
         self._raw: dict[str, _RawAudio] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -196,6 +242,8 @@ class Call:
     ) -> str:
         if self._info.state == "ended":
             raise Conflict(f"call {self.id} has ended")
+        if self.bridge is not None:
+            raise Conflict(f"call {self.id} is bridged to call {self.bridge.peer(self).id}")
         if len(text) > self.manager.max_text_chars:
             raise TextTooLong(
                 f"text is {len(text)} characters; the limit is {self.manager.max_text_chars}"
@@ -261,6 +309,138 @@ class Call:
             raise Conflict(f"call {self.id} has no media")
         await self.leg.send_dtmf(digits)
 
+    async def transfer(
+        self,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        """Hand the caller to ``target`` (a ``sip:``/``sips:`` URI) and return the outcome.
+
+        ``mode="blind"``: a REFER on a SIP leg (RFC 3515); when its NOTIFY reports a 2xx the
+        call ends with reason "transferred". ``fallback="bridge"``: when the REFER is refused
+        or fails (or the leg cannot REFER, a browser), dial ``target`` through the trunk and
+        bridge the two calls' audio through the gateway; the agent stops, and either side
+        hanging up ends both. ``mode="attended"`` answers ``not_supported``. ``timeout_s``:
+        how long to wait for a final NOTIFY, and then for the bridged leg's answer. Raises
+        BadRequest (arguments), Conflict (ended, bridged, or a transfer under way)."""
+        if mode not in ("blind", "attended"):
+            raise BadRequest(f"mode must be blind or attended, got {mode!r}")
+        if fallback not in (None, "bridge"):
+            raise BadRequest(f"fallback must be bridge or none, got {fallback!r}")
+        _check_target(target)
+        if timeout_s is not None and not 0 < timeout_s <= 600:
+            raise BadRequest(f"timeout_s must be in (0, 600], got {timeout_s!r}")
+        if self._info.state in ("ended", "ringing"):
+            raise Conflict(f"call {self.id} is {self._info.state}: nothing to transfer")
+        if self.bridge is not None:
+            raise Conflict(f"call {self.id} is already bridged")
+        if self._transferring:
+            raise Conflict(f"call {self.id} has a transfer under way")
+        timeout = TRANSFER_TIMEOUT_S if timeout_s is None else timeout_s
+        if mode == "attended":
+            outcome = TransferOutcome("not_supported", None, ATTENDED_NOT_SUPPORTED)
+            self._transfer_done(outcome, target, mode, "refer")
+            return outcome
+        self._transferring = True
+        try:
+            outcome = await self._refer(target, timeout)
+            if outcome.result == "completed":
+                await self.hangup("transferred")
+            elif fallback == "bridge" and not self._has_ended():
+                outcome = await self._bridge_to(target, timeout)
+            return outcome
+        finally:
+            self._transferring = False
+
+    def _has_ended(self) -> bool:
+        # A method, not an inline test: the state changes across the awaits above.
+        return self._info.state == "ended"
+
+    async def _refer(self, target: str, timeout: float) -> TransferOutcome:
+        leg = self.leg
+        self.emit(TransferEvent(self.id, state="started", target=target, method="refer"))
+        if not isinstance(leg, ReferringLeg):
+            outcome = TransferOutcome(
+                "not_supported", None, f"a {self._info.leg} leg cannot REFER (no SIP dialog)"
+            )
+        else:
+
+            def progress(status: int, reason: str) -> None:
+                self.emit(TransferEvent(
+                    self.id, state="progress", target=target, method="refer", status=status,
+                    reason=reason,
+                ))  # fmt: skip
+
+            outcome = await leg.refer(target, timeout_s=timeout, on_progress=progress)
+        self._transfer_done(outcome, target, "blind", "refer")
+        return outcome
+
+    async def _bridge_to(self, target: str, timeout: float) -> TransferOutcome:
+        """Dial ``target`` as a second leg and, once it answers, cross the two calls' audio."""
+        self.emit(TransferEvent(self.id, state="started", target=target, method="bridge"))
+        try:
+            other = await self.manager.dial(target)
+        except ControlError as exc:
+            outcome = TransferOutcome("failed", 503, f"could not dial: {exc.message}")
+        except OSError as exc:
+            outcome = TransferOutcome("failed", 503, f"could not dial: {exc}")
+        else:
+            outcome = await self._join(other, timeout)
+        self._transfer_done(outcome, target, "blind", "bridge")
+        return outcome
+
+    async def _join(self, other: Call, timeout: float) -> TransferOutcome:
+        loop = self._loop
+        settled: asyncio.Future[None] = loop.create_future()
+
+        def watch(event: Event) -> None:
+            # The target answers or fails; the caller only matters if it hangs up (an unhold
+            # re-announces "answered").
+            wanted = ("answered", "ended") if event.call_id == other.id else ("ended",)
+            if isinstance(event, CallStateChanged) and event.state in wanted and not settled.done():
+                settled.set_result(None)
+
+        other.listeners.append(watch)
+        self.listeners.append(watch)  # the caller may give up while the target rings
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(settled), timeout)
+        finally:
+            other.listeners.remove(watch)
+            self.listeners.remove(watch)
+        if self._has_ended():
+            await other.hangup("caller gone")
+            return TransferOutcome("failed", None, "the caller hung up before the target answered")
+        if other.info.state == "ended":
+            status, why = end_status(other.info.end_reason)
+            return TransferOutcome("failed", status, f"the bridged call failed: {why}")
+        if other.info.state == "ringing":
+            await other.hangup("no answer")
+            return TransferOutcome("failed", 408, f"the target did not answer within {timeout:g} s")
+        self._bridge_with(other)
+        return TransferOutcome("completed", 200, "bridged", bridged_call=other.id)
+
+    def _bridge_with(self, other: Call) -> None:
+        # The agent's voice fades out (10 ms) and it hears no more; from the next tick each
+        # side's pacer sends what the other side says.
+        self.interrupt()
+        bridge = Bridge(self, other)
+        self.bridge = other.bridge = bridge
+        self._agent_stopped = True
+        self._agent_queue.put_nowait(None)  # the agent's loop ends after what it is doing
+        log.info("call %s bridged with call %s", self.id, other.id, extra=self.log_fields)
+
+    def _transfer_done(self, outcome: TransferOutcome, target: str, mode: str, method: str) -> None:
+        self.transfers.append({"target": target, "mode": mode, "method": method,
+                               "ts": time.time(), **outcome.to_json()})  # fmt: skip
+        self.emit(TransferEvent(
+            self.id, state=outcome.result, target=target, mode=mode, method=method,
+            status=outcome.status, reason=outcome.reason, bridged_call=outcome.bridged_call,
+        ))  # fmt: skip
+
     def caller_audio(
         self, rate: int = 8000, *, echo_gate: bool = False, max_frames: int = 50
     ) -> CallerAudioTap:
@@ -274,6 +454,31 @@ class Call:
         else:
             self.taps.append(tap)
         return tap
+
+    def start_recording(self, channels: str = "both") -> str:
+        """Record the call from the next tick on, to a WAV under ``[recording] dir``:
+        ``channels`` "both" (stereo, caller left, agent right) or "caller" (mono). Returns the
+        recording's id; its file is opened off the media path (``RecordingEvent`` started,
+        or failed: the call goes on). Raises BadRequest, Conflict (ended, already recording),
+        Unavailable (recording not set up)."""
+        if channels not in CHANNELS:
+            raise BadRequest(f"channels must be one of {', '.join(CHANNELS)}; got {channels!r}")
+        if self._info.state == "ended":
+            raise Conflict(f"call {self.id} has ended")
+        if self.recorder is not None and self.recorder.active:
+            raise Conflict(f"call {self.id} is already being recorded ({self.recorder.id})")
+        recordings = self.manager.recordings
+        if recordings is None:
+            raise Unavailable("this gateway does not record calls")
+        self.recorder = recordings.record(self, channels)
+        return self.recorder.id
+
+    def stop_recording(self) -> None:
+        """Stop recording (nothing if not recording): the file is finalised in the background
+        (``RecordingEvent`` stopped)."""
+        if self.recorder is not None:
+            self.recorder.stop()
+            self.recorder = None
 
     def play_audio(
         self,
@@ -347,6 +552,14 @@ class Call:
         """Media is up: subscribe to the call's audio and start the agent."""
         self._sub = await self.manager.bus.subscribe(self.id)
         self._spawn(self._read_audio())
+        recordings = self.manager.recordings
+        if recordings is not None and recordings.settings.record_all and self.recorder is None:
+            # From the answer, before the agent's first words are queued; a recording that
+            # cannot start never holds up the call.
+            try:
+                self.start_recording(recordings.settings.channels)
+            except (ControlError, ValueError) as exc:
+                log.warning("call %s: not recorded: %s", self.id, exc, extra=self.log_fields)
         self.agent = agent
         self._spawn(self._run_agent(), name="agent")
 
@@ -367,6 +580,12 @@ class Call:
         self._info = replace_info(self._info, codec=codec)
 
     def on_dtmf(self, digit: str, duration_ms: int = 0, source: str = "rfc4733") -> None:
+        if self.bridge is not None:
+            # Bridged: the key is for the other party (an IVR or a person behind it).
+            peer = self.bridge.peer(self)
+            self._spawn(_quietly(peer.send_dtmf(digit)))
+            self.emit(DtmfReceived(self.id, digit=digit, duration_ms=duration_ms, source=source))
+            return
         current = self.playout.current
         u = self.utterances.get(current)
         if current is not None and self.playout.speaking and (u is None or u.dtmf_interrupts):
@@ -378,10 +597,18 @@ class Call:
 
         ``at``: the frame's media time in samples (the pacer's tick clock, stalls included);
         barge-in times are reported on that clock."""
+        if self.bridge is not None:
+            pcm = self.bridge.pull(self, n)  # the other call's caller, not our agent
+            at = self.media.sent(pcm, at)
+            if self.recorder is not None:  # the other party, in the agent's place
+                self.recorder.agent(at, pcm)
+            return pcm
         pcm, events = self.playout.pull(n)
         if events:
             self._on_playout(events)
-        self.media.sent(pcm, at)
+        at = self.media.sent(pcm, at)
+        if self.recorder is not None:
+            self.recorder.agent(at, pcm)
         speaking = self.playout.speaking
         if speaking != self._info.speaking:
             self._info = replace_info(self._info, speaking=speaking)
@@ -392,12 +619,18 @@ class Call:
         Media-tick hot path: the frame is staged on the detector and analysed with the other
         calls' frames in the next batch (:meth:`CallManager.flush_detection`)."""
         pos, far = self.media.received(len(pcm))
+        if self.recorder is not None:
+            self.recorder.caller(pos, pcm)
         # Everything else that listens to the caller (agents' speech-to-text, recording) taps
         # here: every leg's caller audio, before the barge-in gate.
         if self.taps:
             audible = self.media.agent_audible(pos)
             for tap in self.taps:
                 tap.push(pcm, agent_audible=audible)
+        if self.bridge is not None:
+            # Bridged: the caller talks to the other party; no agent to barge in on.
+            self.bridge.push(self, pcm)
+            return
         detector = self.detector
         if detector is None:
             return
@@ -473,6 +706,7 @@ class Call:
             return
         self._on_playout(self.playout.interrupt())
         self.set_state("ended", reason)
+        self.stop_recording()  # flushed and finalised by the writer
         self.manager.forget(self)
         for tap in self.taps:
             tap.close()
@@ -486,12 +720,28 @@ class Call:
         for task in list(self._tasks):
             if task is not asyncio.current_task() and not task.get_name().startswith("agent"):
                 task.cancel()
+        if self.bridge is not None:
+            # Either side hanging up ends both.
+            peer = self.bridge.peer(self)
+            try:
+                await peer.hangup("bridged call ended")
+            except Exception:
+                log.exception("call %s: hanging up bridged call %s failed", self.id, peer.id)
 
     def record(self) -> dict[str, object]:
         """The call's facts and its conversation (``GET /api/calls/{id}``)."""
         spec = self.agent_spec or {}
         kind = spec.get("kind") or getattr(self.agent, "kind", None)
-        return {**self._info.to_json(), "agent": kind, "transcript": list(self.transcript)}
+        record: dict[str, object] = {
+            **self._info.to_json(),
+            "agent": kind,
+            "transcript": list(self.transcript),
+        }
+        if self.transfers:
+            record["transfers"] = list(self.transfers)
+        if self.bridge is not None:
+            record["bridged_with"] = self.bridge.peer(self).id
+        return record
 
     # --- internals -----------------------------------------------------------------------
     def emit(self, event: Event) -> None:
@@ -506,7 +756,11 @@ class Call:
             listener(event)
         # Agents get what they act on (DTMF, speech, utterance ends, state changes: the
         # interface promises them), not the echo of their own say() or reports.
-        if self.agent is not None and not isinstance(event, UtteranceStarted | AgentEvent):
+        if (
+            self.agent is not None
+            and not self._agent_stopped
+            and not isinstance(event, UtteranceStarted | AgentEvent)
+        ):
             self._agent_queue.put_nowait(event)
 
     def _on_playout(self, events: list[PlayoutEvent]) -> None:
@@ -577,6 +831,30 @@ class Call:
         task = self._loop.create_task(coro, name=f"{name}-{self.id}", context=self._log_ctx.copy())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _check_target(target: str) -> None:
+    scheme, sep, rest = target.partition(":")
+    if not sep or scheme.lower() not in ("sip", "sips") or not rest:
+        raise BadRequest(f"target must be a sip: or sips: URI, got {target!r}")
+    # It goes into a Refer-To or a Request-URI: whitespace or controls could inject headers.
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        raise BadRequest("target must not contain whitespace or control characters")
+
+
+def end_status(reason: str | None) -> tuple[int | None, str]:
+    """The SIP status behind an outbound call's end reason ("486 Busy Here", "timeout")."""
+    text = reason or "unknown"
+    code = text[:3]
+    if code.isdigit() and (len(text) == 3 or text[3] == " "):
+        return int(code), text
+    return {"timeout": 408, "unreachable": 503}.get(text), text
+
+
+async def _quietly(aw: Coroutine[Any, Any, None]) -> None:
+    # A key the peer cannot send (no telephone-event negotiated, media gone) is dropped.
+    with contextlib.suppress(ControlError, ValueError):
+        await aw
 
 
 def _to_int16(x: npt.NDArray[np.float64]) -> npt.NDArray[np.int16]:

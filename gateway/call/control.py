@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 CallState = Literal["ringing", "answered", "held", "ended"]
 Direction = Literal["inbound", "outbound"]
@@ -57,6 +57,13 @@ class Conflict(ControlError):
 
     status = 409
     code = "conflict"
+
+
+class UnknownRecording(ControlError):
+    """No such recording on that call, or its file is gone (retention)."""
+
+    status = 404
+    code = "unknown_recording"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +217,64 @@ class AgentError(AgentEvent):
     type: str = "agent.error"
 
 
+TransferResult = Literal["completed", "refused", "failed", "not_supported"]
+TransferMode = Literal["blind", "attended"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferOutcome:
+    """How ``transfer`` ended. ``completed``: the far end took the call (blind transfer: a 2xx
+    in the REFER's NOTIFY, and this call then ends "transferred"; bridge: the target answered
+    and both legs' audio is crossed, ``bridged_call`` names the second leg); ``refused``: the
+    far end answered the REFER 4xx-6xx; ``failed``: it accepted but the referred call failed,
+    or nothing final came in time, or the bridged leg was not answered; ``not_supported``:
+    this call cannot do it (attended transfer; REFER on a WebRTC leg). ``status``: the SIP
+    status behind the result, when there is one."""
+
+    result: TransferResult
+    status: int | None = None
+    reason: str = ""
+    bridged_call: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferEvent(Event):
+    """A transfer's steps: ``state`` started (``target``, ``mode``, ``method`` refer or
+    bridge) → progress (a sipfrag status such as 180 from the REFER's NOTIFYs, or the 202) →
+    completed | refused | failed | not_supported, with ``status`` and ``reason``; a refused or
+    failed REFER followed by a bridge attempt starts again with method bridge."""
+
+    state: str = "started"
+    target: str = ""
+    mode: str = "blind"
+    method: str = "refer"
+    status: int | None = None
+    reason: str = ""
+    bridged_call: str | None = None
+    type: str = "transfer"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingEvent(Event):
+    """A recording of the call (``gateway.media.recording``) ``started`` (its file is open),
+    ``stopped`` (hang-up or stop: the file is complete, ``duration_s`` and ``bytes`` final) or
+    ``failed`` (``code`` disk_full | permission | io, ``reason`` the error; what was written
+    before stays a valid WAV). The call goes on either way."""
+
+    recording_id: str = ""
+    state: str = "started"
+    path: str = ""
+    channels: str = "both"
+    reason: str | None = None
+    code: str | None = None
+    duration_s: float = 0.0
+    bytes: int = 0
+    type: str = "recording"
+
+
 def event_json(event: Event) -> str:
     return json.dumps(dataclasses.asdict(event), separators=(",", ":"))
 
@@ -251,6 +316,45 @@ class CallControl(Protocol):
 
     async def hangup(self, call_id: str) -> None: ...
 
+    async def transfer(
+        self,
+        call_id: str,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        """Hand the call to ``target`` (a ``sip:``/``sips:`` URI): SIP REFER (RFC 3515) on a
+        SIP leg; ``fallback="bridge"`` dials the target through the trunk and bridges both
+        legs when REFER is refused or fails. Returns once the outcome is known (see
+        ``TransferOutcome``). Raises UnknownCall, BadRequest, Conflict."""
+        ...
+
     def subscribe_events(self) -> AsyncIterator[Event]:
         """Every event from now on, for every call, until the consumer stops iterating."""
+        ...
+
+
+@runtime_checkable
+class RecordingControl(Protocol):
+    """Recordings as the control API sees them (``CallManager`` is one). Methods raise
+    ``ControlError`` subclasses."""
+
+    def list_recordings(self, call_id: str) -> list[dict[str, object]]:
+        """The call's recordings (live or ended call), oldest first. Raises UnknownCall."""
+        ...
+
+    def recording_file(self, call_id: str, recording_id: str) -> str:
+        """Path of the recording's WAV. Raises UnknownCall, UnknownRecording."""
+        ...
+
+    def start_recording(self, call_id: str, channels: str = "both") -> dict[str, object]:
+        """Start recording the call; returns the recording as listed. Raises UnknownCall,
+        BadRequest (channels), Conflict (ended, already recording), Unavailable."""
+        ...
+
+    def stop_recording(self, call_id: str) -> None:
+        """Stop the call's recording (its file is finalised in the background). Raises
+        UnknownCall, Conflict (nothing is being recorded)."""
         ...

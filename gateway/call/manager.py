@@ -19,11 +19,15 @@ from gateway.call.control import (
     BadRequest,
     CallInfo,
     CallStateChanged,
+    Conflict,
     Event,
+    TransferOutcome,
     Unavailable,
     UnknownCall,
+    UnknownRecording,
 )
 from gateway.media.bargein import BargeInConfig, DetectorBank, run_batch
+from gateway.media.recording import Recordings
 from voxgate.contract.bus.base import Bus
 from voxgate.contract.config import BargeinSettings
 
@@ -78,6 +82,9 @@ class CallManager:
         self.max_calls = max_calls
         self.max_text_chars = max_text_chars
         self.calls: dict[str, Call] = {}
+        # Call recording (gateway.media.recording), set by the gateway; None: calls are not
+        # recorded.
+        self.recordings: Recordings | None = None
         self._subscribers: set[asyncio.Queue[Event]] = set()
         # Set by the SIP side: place an outbound call (to, caller) and return it ringing.
         self.originate_hook: Callable[[str, str | None], Awaitable[Call]] | None = None
@@ -171,6 +178,8 @@ class CallManager:
             hook(call)
 
     def agent_for(self, call: Call) -> Agent | None:
+        if not call.wants_agent:
+            return None  # a bridge's second leg: its audio is the other call's caller
         if call.agent_spec is not None and self.agents is not None:
             return self.agents.build(call.info, call.agent_spec)
         return self.agent_factory(call.info) if self.agent_factory is not None else None
@@ -210,6 +219,17 @@ class CallManager:
         call.agent_spec = spec
         return call.info
 
+    async def dial(self, to: str) -> Call:
+        """The second leg of a bridge: an outbound call like ``originate`` but with no agent."""
+        if self.originate_hook is None:
+            raise Unavailable("outbound calls are not configured on this gateway")
+        if self.full():
+            raise Unavailable(f"at the call limit ({self.max_calls})")
+        call = await self.originate_hook(to, None)
+        # Set before any answer can arrive: the hook returns as soon as the INVITE is out.
+        call.wants_agent = False
+        return call
+
     def call_record(self, call_id: str) -> dict[str, object]:
         call = self.calls.get(call_id)
         if call is not None:
@@ -231,9 +251,55 @@ class CallManager:
     async def hangup(self, call_id: str) -> None:
         await self._call(call_id).hangup("api")
 
+    async def transfer(
+        self,
+        call_id: str,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        return await self._call(call_id).transfer(
+            target, mode=mode, fallback=fallback, timeout_s=timeout_s
+        )
+
     def subscribe_events(self) -> EventSubscription:
         """Events from this call on (the subscriber is registered before this returns)."""
         return EventSubscription(self._subscribers)
+
+    # --- RecordingControl ----------------------------------------------------------------
+    def list_recordings(self, call_id: str) -> list[dict[str, object]]:
+        self._known(call_id)
+        if self.recordings is None:
+            return []
+        return [r.to_json() for r in self.recordings.of_call(call_id)]
+
+    def recording_file(self, call_id: str, recording_id: str) -> str:
+        self._known(call_id)
+        rec = self.recordings.get(call_id, recording_id) if self.recordings else None
+        if rec is None:
+            raise UnknownRecording(f"call {call_id} has no recording {recording_id!r}")
+        if rec.state == "starting" or (rec.state == "failed" and rec.bytes == 0):
+            raise UnknownRecording(f"recording {recording_id} has no file ({rec.state})")
+        return str(rec.path)
+
+    def start_recording(self, call_id: str, channels: str = "both") -> dict[str, object]:
+        call = self._call(call_id)
+        call.start_recording(channels)
+        assert call.recorder is not None
+        return call.recorder.to_json()
+
+    def stop_recording(self, call_id: str) -> None:
+        call = self._call(call_id)
+        if call.recorder is None or not call.recorder.active:
+            raise Conflict(f"call {call_id} is not being recorded")
+        call.stop_recording()
+
+    def _known(self, call_id: str) -> None:
+        """A call live or ended recently, else UnknownCall."""
+        if call_id not in self.calls and call_id not in self.ended:
+            raise UnknownCall(f"no call {call_id!r}")
 
 
 class EventSubscription:

@@ -16,6 +16,7 @@ from gateway.call.control import (
     Conflict,
     Event,
     TextTooLong,
+    TransferOutcome,
 )
 from gateway.media.tap import CallerAudioTap
 from gateway.stt.base import FloatArray, Transcript
@@ -41,6 +42,10 @@ class FakeCall:
         # When set, send_dtmf waits for it (a slow far end).
         self.dtmf_gate: asyncio.Event | None = None
         self.dtmf_started = asyncio.Event()
+        self.recordings: list[str] = []
+        self.recording = False
+        self.transfers: list[tuple[str, str, str | None]] = []
+        self.transfer_outcome = TransferOutcome("completed", 202, "accepted")
 
     @property
     def info(self) -> CallInfo:
@@ -125,6 +130,27 @@ class FakeCall:
 
     async def hangup(self, reason: str = "agent") -> None:
         self.hangups.append(reason)
+
+    def start_recording(self, channels: str = "both") -> str:
+        """Records the request (``recordings``: the channels asked for, in order)."""
+        self.recordings.append(channels)
+        self.recording = True
+        return f"r{len(self.recordings)}"
+
+    def stop_recording(self) -> None:
+        self.recording = False
+
+    async def transfer(
+        self,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        """Records the request; answers ``transfer_outcome`` (a test sets what it needs)."""
+        self.transfers.append((target, mode, fallback))
+        return self.transfer_outcome
 
     def close(self) -> None:
         """The call ended: the taps end."""

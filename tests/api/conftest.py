@@ -21,6 +21,7 @@ from gateway.call.control import (
     ControlError,
     Event,
     TextTooLong,
+    TransferOutcome,
     UnknownCall,
 )
 
@@ -53,6 +54,7 @@ class FakeControl:
         self.said: list[tuple[str, str, bool]] = []
         self.dtmf: list[tuple[str, str]] = []
         self.hung_up: list[str] = []
+        self.transferred: list[tuple[str, str, str, str | None, float | None]] = []
         self.originated: list[tuple[str, str | None]] = []
         self.agents: list[dict[str, object] | None] = []
         self.subscribers: list[_Subscription] = []
@@ -158,6 +160,19 @@ class FakeControl:
     async def hangup(self, call_id: str) -> None:
         self._call(call_id)
         self.hung_up.append(call_id)
+
+    async def transfer(
+        self,
+        call_id: str,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        self._call(call_id)
+        self.transferred.append((call_id, target, mode, fallback, timeout_s))
+        return TransferOutcome("refused", 603, "Decline")
 
     def subscribe_events(self) -> AsyncIterator[Event]:
         self._maybe_fail()

@@ -7,7 +7,13 @@ import itertools
 from collections.abc import AsyncIterator
 
 from gateway.agents.ivr import IvrAgent
-from gateway.call.control import CallInfo, DtmfReceived, Event, UtteranceFinished
+from gateway.call.control import (
+    CallInfo,
+    DtmfReceived,
+    Event,
+    TransferOutcome,
+    UtteranceFinished,
+)
 from gateway.media.tap import CallerAudioTap
 from voxgate.contract.config import IvrConfig
 
@@ -65,6 +71,22 @@ class RecordingCall:
 
     async def hangup(self, reason: str = "agent") -> None:
         self.hung_up.append(reason)
+
+    def start_recording(self, channels: str = "both") -> str:
+        return "r1"
+
+    def stop_recording(self) -> None:
+        pass
+
+    async def transfer(
+        self,
+        target: str,
+        *,
+        mode: str = "blind",
+        fallback: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferOutcome:
+        return TransferOutcome("not_supported", None, "the IVR tests transfer nobody")
 
 
 def cfg(**kw: object) -> IvrConfig:

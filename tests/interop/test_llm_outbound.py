@@ -55,7 +55,7 @@ async def test_an_outbound_call_with_its_own_llm_agent(
         "to": "sip:bob@127.0.0.1:9", "agent": {"kind": "robot"},
     })  # fmt: skip
     assert status == 422
-    assert "agent.kind must be one of ivr, llm, stream" in body["error"]["message"]
+    assert "agent.kind must be one of ivr, llm, stream, flow" in body["error"]["message"]
     assert await gw.acalls() == []
 
     port = free_port()

@@ -31,7 +31,7 @@ def readme_bot() -> str:
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     bots = [b for b in blocks if "VoxgateTTSService" in b and "TwilioFrameSerializer" in b]
     assert len(bots) == 1, "the README has one pipecat phone bot example"
-    code = bots[0]
+    code: str = bots[0]
     assert len(code.strip().splitlines()) <= 32, "the example stays short"
     return code
 

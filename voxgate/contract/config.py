@@ -146,6 +146,10 @@ class GatewayConfig:
     # While no warmed-up worker is serving, OPTIONS and INVITE get 503 + Retry-After; with this
     # set, an INVITE is held up to this long for a worker first, then answered or refused.
     unready_wait_ms: int = 0
+    # A REFER from the far end (RFC 3515: "call this other party instead") is declined with 603
+    # unless this is set; then the gateway places the referred call itself and reports its
+    # progress in NOTIFYs.
+    accept_refer: bool = False
 
     def validate(self) -> None:
         for key, value in (
@@ -221,14 +225,15 @@ class AgentConfig:
 
     # "ivr": the DTMF menu of [ivr] (the embedded default); "llm": a conversation through an
     # OpenAI-compatible chat endpoint ([llm]), hearing the caller with speech-to-text ([turn]);
-    # "stream": a bot's WebSocket speaking Twilio Media Streams ([stream]).
+    # "stream": a bot's WebSocket speaking Twilio Media Streams ([stream]); "flow": a call
+    # flow of verbs (say, gather, transfer, ...) from a file or a webhook ([flow]).
     kind: str = "ivr"
 
     def validate(self) -> None:
         _choice("agent.kind", self.kind, AGENT_KINDS)
 
 
-AGENT_KINDS = ("ivr", "llm", "stream")
+AGENT_KINDS = ("ivr", "llm", "stream", "flow")
 
 
 @dataclass
@@ -346,6 +351,69 @@ def check_stream_url(key: str, url: str) -> None:
 
 
 @dataclass
+class FlowConfig:
+    """The ``flow`` agent (``gateway.flow``): call flows of verbs, as jambonz and TwiML write
+    them, from a file checked at start and/or a webhook asked during the call."""
+
+    # A TOML or JSON file of named flows (see docs/flows.md); checked whole at start.
+    file: str = ""
+    # A webhook (http or https) that calls start by asking for verbs (then its verbs' action
+    # URLs); with file set too, its verbs may go to the file's flows.
+    url: str = ""
+    # The file's flow a call starts with; empty: the file's own "start" (else "main").
+    start: str = ""
+    # Said before the call is hung up when the flow cannot go on (a webhook answering
+    # garbage, slowly or with an error).
+    fallback: str = "Sorry, we cannot take your call right now. Please try again later."
+    # The NAME of the environment variable holding the webhook's HMAC-SHA256 secret (requests
+    # then carry X-Voxgate-Signature); empty: requests are not signed.
+    secret_env: str = ""
+    # Each webhook request must be answered within this long (s).
+    timeout_s: float = 5.0
+    # Retries after a connection failure or a 5xx answer (not after a timeout or a 4xx).
+    retries: int = 2
+    # Longest webhook answer read, in bytes.
+    max_response_bytes: int = 262144
+
+    def validate(self) -> None:
+        if self.file and not Path(self.file).is_file():
+            raise ConfigError(f"flow.file: no such file: {self.file!r}")
+        if self.url and (
+            not self.url.startswith(("http://", "https://"))
+            or any(c.isspace() or ord(c) < 0x20 for c in self.url)
+        ):
+            raise ConfigError(f"flow.url: expected an http(s) URL, got {self.url!r}")
+        if self.start and not self.file:
+            raise ConfigError("flow.start: names a flow of flow.file, which is not set")
+        if not self.fallback.strip():
+            raise ConfigError("flow.fallback: must not be empty (it is what callers hear)")
+        if self.secret_env and not self.secret_env.replace("_", "").isalnum():
+            raise ConfigError(
+                "flow.secret_env: the NAME of an environment variable (not the secret), "
+                f"got {self.secret_env!r}"
+            )
+        if not 0 < self.timeout_s <= 60:
+            raise ConfigError(f"flow.timeout_s: must be > 0 and <= 60, got {self.timeout_s}")
+        if not 0 <= self.retries <= 10:
+            raise ConfigError(f"flow.retries: must be 0-10, got {self.retries}")
+        if not 1024 <= self.max_response_bytes <= 16 * 1024 * 1024:
+            raise ConfigError(
+                f"flow.max_response_bytes: must be 1024-16777216, got {self.max_response_bytes}"
+            )
+
+    def secret(self, env: Mapping[str, str] | None = None) -> bytes | None:
+        if not self.secret_env:
+            return None
+        env = os.environ if env is None else env
+        value = env.get(self.secret_env)
+        if not value:
+            raise ConfigError(
+                f"flow.secret_env: the environment variable {self.secret_env} is not set"
+            )
+        return value.encode()
+
+
+@dataclass
 class TurnConfig:
     """When the caller has finished speaking (the ``llm`` agent's turn-taking)."""
 
@@ -446,6 +514,56 @@ class WebrtcConfig:
 
 
 @dataclass
+class RecordingConfig:
+    """Call recording (``gateway.media.recording``): WAV files written off the media path."""
+
+    # Where recordings are written (created when first needed).
+    dir: str = "recordings"
+    # File name under dir. Fields: {date} (YYYY-MM-DD, UTC), {time} (HHMMSS, UTC), {call_id},
+    # {caller} (the other party's user part), {id} (the recording's id); every value is cut
+    # down to [A-Za-z0-9._+-], so no caller string can leave dir.
+    pattern: str = "{date}/{time}-{call_id}-{caller}.wav"
+    # "both": stereo, caller left, agent right; "caller": mono, the caller only.
+    channels: str = "both"
+    # Record every call from its answer (otherwise only when an agent or the API asks).
+    record_all: bool = False
+    # Recordings older than this many days are deleted by an hourly sweep (0: kept forever).
+    retention_days: int = 0
+    # Audio the writer may fall behind the media path by before frames are dropped (s).
+    max_queue_s: float = 10.0
+
+    def validate(self) -> None:
+        import string
+
+        if not self.dir.strip():
+            raise ConfigError("recording.dir: must not be empty")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(self.pattern) if f is not None}
+        except ValueError as exc:
+            raise ConfigError(f"recording.pattern: {exc}: {self.pattern!r}") from None
+        unknown = sorted(fields - set(RECORDING_FIELDS))
+        if unknown:
+            known = ", ".join(RECORDING_FIELDS)
+            raise ConfigError(f"recording.pattern: unknown field(s) {unknown}; known: {known}")
+        parts = self.pattern.replace("\\", "/").split("/")
+        if self.pattern.startswith("/") or ".." in parts or not self.pattern.endswith(".wav"):
+            raise ConfigError(
+                "recording.pattern: must be a relative path ending in .wav, without '..', got "
+                f"{self.pattern!r}"
+            )
+        _choice("recording.channels", self.channels, ("both", "caller"))
+        if self.retention_days < 0:
+            raise ConfigError(f"recording.retention_days: must be >= 0, got {self.retention_days}")
+        if not 0 < self.max_queue_s <= 600:
+            raise ConfigError(
+                f"recording.max_queue_s: must be > 0 and <= 600, got {self.max_queue_s}"
+            )
+
+
+RECORDING_FIELDS = ("date", "time", "call_id", "caller", "id")
+
+
+@dataclass
 class LogConfig:
     level: str = "info"
     # "json" (structured, for operators) or "text".
@@ -466,9 +584,11 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
     turn: TurnConfig = field(default_factory=TurnConfig)
     bargein: BargeinSettings = field(default_factory=BargeinSettings)
     webrtc: WebrtcConfig = field(default_factory=WebrtcConfig)
+    recording: RecordingConfig = field(default_factory=RecordingConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
@@ -479,6 +599,11 @@ class Config:
                 "llm.base_url: the llm agent needs an OpenAI-compatible endpoint "
                 "(set [llm] base_url, VOXGATE_LLM_BASE_URL or --llm-base-url, e.g. "
                 "http://127.0.0.1:8000/v1)"
+            )
+        if self.agent.kind == "flow" and not (self.flow.file or self.flow.url):
+            raise ConfigError(
+                "flow.file: the flow agent needs flows: set [flow] file (a TOML or JSON file, "
+                "e.g. deploy/flows/default.toml) or [flow] url (a webhook)"
             )
         if self.agent.kind == "stream" and not self.stream.url:
             raise ConfigError(
@@ -641,7 +766,8 @@ def add_config_arguments(
 # worker's sections: the text limit it enforces before a request goes out, the rate browser
 # legs play at, and the worker's deadline (its own give-up timer is that plus a margin).
 GATEWAY_KEYS: tuple[str, ...] = (
-    "bus", "gateway", "ivr", "agent", "llm", "stream", "turn", "bargein", "webrtc", "log",
+    "bus", "gateway", "ivr", "agent", "llm", "stream", "flow", "turn", "bargein", "webrtc",
+    "recording", "log",
     "synth.max_text_chars", "synth.wideband_rate", "worker.default_deadline_s",
 )  # fmt: skip
 WORKER_KEYS: tuple[str, ...] = ("bus", "synth", "worker", "log")

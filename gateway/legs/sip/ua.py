@@ -8,6 +8,10 @@ and INVITE while no warmed-up worker serves (``gateway.readiness``); 400 for a b
 when no codec is common (RFC 3264 §6).
 UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
 (RFC 8760), CANCEL while ringing, BYE once up.
+Transfer (RFC 3515): ``SipLeg.refer`` sends an in-dialog REFER and follows its implicit
+subscription (the NOTIFYs' sipfrag, ``gateway.sip.refer``); a REFER from the far end is
+declined 603 unless ``gateway.accept_refer``, and then the referred call is placed as an
+outbound call and its progress NOTIFYed back.
 """
 
 from __future__ import annotations
@@ -16,11 +20,20 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway import sdp
-from gateway.call.calls import Call
-from gateway.call.control import Unavailable
+from gateway.call.calls import Call, end_status
+from gateway.call.control import (
+    BadRequest,
+    CallStateChanged,
+    Conflict,
+    ControlError,
+    Event,
+    TransferOutcome,
+    Unavailable,
+)
 from gateway.call.manager import CallManager
 from gateway.legs.sip.transport import SipTransport, local_ip_for
 from gateway.readiness import WorkerReadiness
@@ -52,12 +65,29 @@ from gateway.sip import (
     uas_dialog_id,
 )
 from gateway.sip.message import Address
+from gateway.sip.reasons import reason_phrase
+from gateway.sip.refer import (
+    NOTIFY_EXPIRES_S,
+    REFER_EVENT,
+    EventHeader,
+    ReferOutcome,
+    ReferProgress,
+    ReferSubscription,
+    Sipfrag,
+    build_notify,
+    build_refer,
+    decline_refer,
+    refer_target,
+)
 from voxgate.contract.config import GatewayConfig, parse_hostport
 from voxgate.contract.dtmf import is_dtmf_key
 
 log = logging.getLogger("voxgate.sip")
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
+# REFER is listed though it is declined by default: "not now" (603) is a policy answer, where
+# leaving it out would say the gateway does not know the method. NOTIFY carries the refer
+# subscription's reports to our own REFERs.
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, REFER, NOTIFY"
 RETRY_AFTER_S = 5
 # Retry-After while no worker is warm yet (a worker warms up in seconds).
 RETRY_AFTER_UNREADY_S = 2
@@ -83,6 +113,9 @@ class SipLeg:
     ring_task: asyncio.Task[None] | None = None
     auth: DigestAuthenticator | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # Our REFER under way (we transfer the far end), and a REFER of theirs we act on.
+    referral: Referral | None = None
+    referee_task: asyncio.Task[None] | None = None
 
     # --- Leg protocol --------------------------------------------------------------------
     async def hangup(self, reason: str) -> None:
@@ -121,6 +154,12 @@ class SipLeg:
         session = self.endpoint.session if self.endpoint is not None else None
         return session.media_stats() if session is not None else {}
 
+    async def refer(
+        self, target: str, *, timeout_s: float, on_progress: Callable[[int, str], None]
+    ) -> TransferOutcome:
+        """Blind transfer: REFER the far end to ``target`` (``ReferringLeg``)."""
+        return await self.ua.refer(self, target, timeout_s=timeout_s, on_progress=on_progress)
+
     # --- lifecycle -----------------------------------------------------------------------
     async def end(self, reason: str) -> None:
         if self.ended:
@@ -128,6 +167,10 @@ class SipLeg:
         self.ended = True
         if self.ring_task is not None:
             self.ring_task.cancel()
+        if self.referral is not None:
+            self.referral.abandon("the call ended before the transfer's outcome")
+        if self.referee_task is not None:
+            self.referee_task.cancel()
         if self.endpoint is not None:
             self.ua.ticker.remove(self.endpoint)
             self.endpoint.close()
@@ -143,6 +186,53 @@ class SipLeg:
 
     def __hash__(self) -> int:
         return id(self)
+
+
+class Referral:
+    """The asyncio side of one :class:`ReferSubscription` (aioquic style): feeds it the REFER's
+    response and the NOTIFYs, drains its events into ``on_progress`` and ``done``, and keeps
+    its one timer armed on the loop's clock (the transport's ``now``)."""
+
+    def __init__(self, sub: ReferSubscription, on_progress: Callable[[int, str], None]) -> None:
+        self.sub = sub
+        self.on_progress = on_progress
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[ReferOutcome] = self._loop.create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def on_response(self, response: Response) -> None:
+        self.sub.receive_response(response, self._loop.time())
+        self.pump()
+
+    def on_failure(self, *, timeout: bool) -> None:
+        self.sub.transaction_failed(timeout=timeout)
+        self.pump()
+
+    def pump(self) -> None:
+        while (event := self.sub.next_event()) is not None:
+            if isinstance(event, ReferProgress):
+                try:
+                    self.on_progress(event.status, event.reason)
+                except Exception:
+                    log.exception("transfer progress report failed")
+            elif not self.done.done():
+                self.done.set_result(event)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        at = self.sub.get_timer()
+        if at is not None:
+            self._timer = self._loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.sub.handle_timer(self._loop.time())
+        self.pump()
+
+    def abandon(self, reason: str) -> None:
+        """The dialog is gone: no more NOTIFYs can come."""
+        self.sub.close(reason)
+        self.pump()  # resolves ``done`` if it was still open; no timer is left armed
 
 
 class SipUA:
@@ -164,6 +254,7 @@ class SipUA:
         self.legs: set[SipLeg] = set()
         self.pending_invites: dict[str, SipLeg] = {}  # server INVITE tid -> leg (not yet ACKed)
         self.client_invites: dict[str, SipLeg] = {}  # client INVITE tid -> leg
+        self.client_refers: dict[str, Referral] = {}  # client REFER tid -> its referral
         self._tasks: set[asyncio.Task[None]] = set()
         # Ring this long (180 Ringing) before answering; a CANCEL in that window gets 487.
         self.answer_delay_s = cfg.answer_delay_ms / 1000
@@ -248,6 +339,13 @@ class SipUA:
             return
         elif method in ("BYE", "INFO"):
             self._respond(tid, make_response(req, 481))
+        elif method == "NOTIFY":
+            # RFC 6665 §4.1.3: a NOTIFY for no subscription of ours.
+            self._respond(tid, make_response(req, 481, "Subscription Does Not Exist"))
+        elif method == "REFER":
+            # RFC 3515 allows REFER outside a dialog; the gateway only ever acts on one in a
+            # call it holds (and then only with gateway.accept_refer).
+            self._refuse_refer(req, tid, "REFER outside a call is not accepted")
         else:
             self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
 
@@ -410,6 +508,10 @@ class SipUA:
             leg.call.on_dtmf(digit, source="info")
         elif req.method == "OPTIONS":
             self._respond(tid, make_response(req, 200, headers=[("Allow", ALLOW)]))
+        elif req.method == "NOTIFY":
+            self._in_dialog_notify(leg, req, tid)
+        elif req.method == "REFER":
+            self._incoming_refer(leg, req, tid)
         else:
             self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
 
@@ -488,6 +590,12 @@ class SipUA:
         resp = ev.response
         if ev.transaction_id is None:
             return  # a stray 2xx (late fork): nothing of ours
+        referral = self.client_refers.get(ev.transaction_id)
+        if referral is not None:
+            if resp.status >= 200:
+                del self.client_refers[ev.transaction_id]
+            referral.on_response(resp)
+            return
         leg = self.client_invites.get(ev.transaction_id)
         if leg is None or resp.cseq.method != "INVITE":
             return
@@ -545,6 +653,10 @@ class SipUA:
         self._spawn(leg.call.start(self.manager.agent_for(leg.call)))
 
     def _on_failure(self, tid: str, event: SipEvent) -> None:
+        referral = self.client_refers.pop(tid, None)
+        if referral is not None:
+            referral.on_failure(timeout=isinstance(event, TransactionTimeout))
+            return
         leg = self.client_invites.pop(tid, None)
         if leg is not None and not leg.answered:
             self._spawn(
@@ -555,6 +667,156 @@ class SipUA:
         if leg is not None and isinstance(event, TransactionTimeout) and event.timer == "L":
             # §13.3.1.4: no ACK for our 2xx: the dialog is confirmed; end it with a BYE.
             self._spawn(leg.hangup("no ACK"))
+
+    # --- transfer: REFER (RFC 3515) ----------------------------------------------------------
+    async def refer(
+        self,
+        leg: SipLeg,
+        target: str,
+        *,
+        timeout_s: float,
+        on_progress: Callable[[int, str], None],
+    ) -> TransferOutcome:
+        """Send a REFER to ``target`` in ``leg``'s dialog and wait for its outcome."""
+        if leg.ended or leg.dialog is None or not leg.answered:
+            return TransferOutcome("failed", None, "the call has no confirmed dialog to REFER in")
+        if leg.referral is not None and not leg.referral.sub.ended:
+            raise Conflict(f"call {leg.call.id} has a REFER under way")
+        try:
+            uri = parse_uri(target)
+        except SipParseError as exc:
+            raise BadRequest(f"bad target URI {target!r}: {exc}") from None
+        addr = self.in_dialog_addr(leg)
+        refer = build_refer(
+            leg.dialog, uri, sent_by=self.sent_by(leg.local_ip),
+            transport=self.transport.via_transport(addr),
+        )  # fmt: skip
+        refer.headers.add("User-Agent", USER_AGENT)
+        referral = Referral(ReferSubscription(refer, self.transport.now, timeout=timeout_s),
+                            on_progress)  # fmt: skip
+        leg.referral = referral
+        log.info("call %s: REFER to %s", leg.call.id, target, extra=leg.call.log_fields)
+        self.client_refers[self.transport.send_request(refer, addr)] = referral
+        referral.pump()  # arms the timeout
+        outcome = await referral.done
+        log.info("call %s: transfer to %s %s (%s %s)", leg.call.id, target, outcome.result,
+                 outcome.status, outcome.reason, extra=leg.call.log_fields)  # fmt: skip
+        return TransferOutcome(outcome.result, outcome.status, outcome.reason)
+
+    def _in_dialog_notify(self, leg: SipLeg, req: Request, tid: str | None) -> None:
+        referral = leg.referral
+        if referral is not None and referral.sub.matches(req):
+            self._respond(tid, referral.sub.receive_notify(req, self.transport.now))
+            referral.pump()
+            return
+        try:
+            package = EventHeader.parse(req.headers.get("Event") or "").package
+        except SipParseError:
+            package = ""
+        if package != REFER_EVENT:
+            # RFC 6665 §4.1.3: an event package we do not subscribe to.
+            self._respond(tid, make_response(req, 489, headers=[("Allow-Events", REFER_EVENT)]))
+        else:
+            # A refer NOTIFY for no REFER of ours, or for one we have given up on (§4.1.3:
+            # 481, which ends the subscription at the notifier).
+            self._respond(tid, make_response(req, 481, "Subscription Does Not Exist"))
+
+    def _refuse_refer(self, req: Request, tid: str | None, why: str) -> None:
+        try:
+            target = refer_target(req)
+        except SipParseError as exc:
+            self._respond(tid, make_response(req, 400, exc.reason[:100]))
+            return
+        log.info("REFER to %s declined: %s", target.uri, why)
+        self._respond(tid, decline_refer(req, why))
+
+    def _incoming_refer(self, leg: SipLeg, req: Request, tid: str | None) -> None:
+        """The far end asks us to call someone else (we are the referee, RFC 3515 §2.4.2)."""
+        if not self.cfg.accept_refer:
+            self._refuse_refer(req, tid, "transfer by REFER is not accepted here")
+            return
+        try:
+            target = refer_target(req)
+        except SipParseError as exc:
+            self._respond(tid, make_response(req, 400, exc.reason[:100]))
+            return
+        uri = target.uri
+        if not isinstance(uri, SipUri) or uri.headers:
+            # A Refer-To with embedded headers (Replaces: attended transfer, RFC 3891) asks
+            # for more than placing a call.
+            self._refuse_refer(req, tid, "only sip:/sips: targets without headers are followed")
+            return
+        if leg.referee_task is not None and not leg.referee_task.done():
+            self._refuse_refer(req, tid, "a REFER is already being acted on in this call")
+            return
+        assert leg.dialog is not None
+        contact = leg.dialog.local_contact
+        self._respond(tid, make_response(
+            req, 202, headers=[("Contact", str(contact))] if contact is not None else [],
+        ))  # fmt: skip
+        log.info("call %s: REFER to %s accepted", leg.call.id, uri, extra=leg.call.log_fields)
+        leg.referee_task = asyncio.ensure_future(self._follow_refer(leg, req.cseq.seq, str(uri)))
+
+    async def _follow_refer(self, leg: SipLeg, refer_cseq: int, target: str) -> None:
+        """Place the referred call and NOTIFY its progress (RFC 3515 §2.4.4): 100 Trying at
+        once, then the final status (200 when it is answered), which ends the subscription."""
+        self._notify_referrer(leg, refer_cseq, Sipfrag(100, "Trying"))
+        try:
+            info = await self.manager.originate(target, agent=leg.call.agent_spec)
+        except (ControlError, OSError) as exc:
+            log.warning("call %s: the referred call to %s failed: %s", leg.call.id, target, exc)
+            self._notify_referrer(leg, refer_cseq, Sipfrag(503, "Service Unavailable"))
+            return
+        call = self.manager.calls.get(info.id)
+        frag = Sipfrag(500, "Server Internal Error")
+        if call is not None:
+            frag = await _final_status(call, NOTIFY_WAIT_S)
+        self._notify_referrer(leg, refer_cseq, frag)
+
+    def _notify_referrer(self, leg: SipLeg, refer_cseq: int, frag: Sipfrag) -> None:
+        if leg.ended or leg.dialog is None:
+            return  # the referrer hung up already: nobody to tell
+        addr = self.in_dialog_addr(leg)
+        notify = build_notify(
+            leg.dialog, refer_cseq, frag, sent_by=self.sent_by(leg.local_ip),
+            transport=self.transport.via_transport(addr),
+        )  # fmt: skip
+        self.transport.send_request(notify, addr)
+
+
+# The referred call's final status is awaited this long, then it is given up (CANCEL) and the
+# referrer told 408; the subscription we offered lasts as long (gateway.sip.refer).
+NOTIFY_WAIT_S = float(NOTIFY_EXPIRES_S)
+
+
+async def _final_status(call: Call, timeout: float) -> Sipfrag:
+    """The sipfrag for a call we placed on a REFER's behalf: 200 once answered, its failure
+    status when it ends first (486, 408 ...), 408 after ``timeout`` (the call is cancelled)."""
+    loop = asyncio.get_running_loop()
+    settled: asyncio.Future[None] = loop.create_future()
+
+    def watch(event: Event) -> None:
+        wanted = ("answered", "ended")
+        if isinstance(event, CallStateChanged) and event.state in wanted and not settled.done():
+            settled.set_result(None)
+
+    call.listeners.append(watch)
+    try:
+        if call.info.state == "ringing":
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(settled), timeout)
+    finally:
+        call.listeners.remove(watch)
+    state = call.info.state
+    if state in ("answered", "held"):
+        return Sipfrag(200, "OK")
+    if state == "ringing":
+        await call.hangup("no answer")
+        return Sipfrag(408, "Request Timeout")
+    status, _ = end_status(call.info.end_reason)
+    if status is None or status < 300:
+        return Sipfrag(500, "Server Internal Error")
+    return Sipfrag(status, reason_phrase(status))
 
 
 def bind_ip(cfg: GatewayConfig, local_ip: str) -> str:

@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,torch,stt,pipecat]'
 	touch $(STAMP)
 
+# The embedded gateway + worker answering with the built-in call flow (the IVR menu as verbs).
 serve: $(STAMP)
-	$(BIN)/voxgate serve
+	$(BIN)/voxgate serve --agent-kind flow
 
 # A Redis server normally runs on 127.0.0.1:6379 here; start (or install) one if not.
 redis:

@@ -11,10 +11,11 @@ is rebuilt from those. A caller who barges in mid-answer cuts the message at the
 heard, and the generation still running is cancelled (its HTTP stream closed).
 
 Tools (OpenAI function calling): ``hangup`` (after what is being said), ``send_dtmf``,
-``transfer`` (not supported until the call-flow issue brings SIP REFER: the model is told so and
-tells the caller), ``end_call_after_reply``. Any failure of the model (unreachable, slower than
-``timeout_s``, an error status, a malformed stream or tool arguments) is reported as an
-``agent.error`` event and the caller hears the configured fallback line; the call goes on.
+``transfer`` (a blind transfer, SIP REFER with a bridged second leg when the far end refuses it;
+the model is told the outcome: on success the call is no longer its own),
+``end_call_after_reply``. Any failure of the model (unreachable, slower than ``timeout_s``, an
+error status, a malformed stream or tool arguments) is reported as an ``agent.error`` event
+and the caller hears the configured fallback line; the call goes on.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from gateway.call.control import (
     Transcript,
     UtteranceFinished,
 )
+from gateway.flow import actions as flow_actions
+from gateway.flow.actions import sip_target
 from gateway.llm.client import ChatClient, LlmError
 from gateway.llm.sse import TextDelta, ToolCall
 from gateway.stt.base import SpeechToText
@@ -396,15 +399,18 @@ class LlmAgent:
                 return {"ok": False, "error": str(exc)}, True, False
             return {"ok": True, "sent": digits}, True, False
         if c.name == "transfer":
-            return (
-                {
-                    "ok": False,
-                    "error": "transfer is not supported on this gateway yet; "
-                    "tell the caller and offer to help otherwise",
-                },
-                True,
-                False,
-            )
+            to = str(args.get("to", "")).strip()
+            if not to or any(ch.isspace() for ch in to):
+                return {"ok": False, "error": "'to' must be a SIP URI or a number"}, True, False
+            # What is being said goes first: the caller hears "I'll put you through" before
+            # the REFER (a transferred call ends, taking any later words with it).
+            await self._settle(HANGUP_WAIT_S)
+            outcome = await flow_actions.transfer(call, sip_target(to, call.info), bridge=True)
+            result = {"ok": outcome.result == "completed", **outcome.to_json()}
+            if outcome.result != "completed":
+                result["note"] = "tell the caller the transfer did not work and offer help"
+            # Completed: the call ended (REFER) or is bridged to a person; nothing more to say.
+            return result, outcome.result != "completed", False
         call.emit(AgentError(call.id, kind="tool", message=f"unknown tool {c.name!r}"))
         return {"ok": False, "error": f"unknown tool {c.name!r}"}, True, False
 

@@ -36,7 +36,7 @@ from gateway.agents.stream import StreamAgent
 from gateway.agents.twilio_media import new_sid
 from gateway.call.control import BadRequest, CallInfo
 from gateway.flow.engine import FlowAgent, FlowServices
-from gateway.flow.source import Webhook, WebhookSettings, load_flow_file
+from gateway.flow.source import DEFAULT_FLOW_FILE, Webhook, WebhookSettings, load_flow_file
 from gateway.flow.verbs import FlowError, Limits, check_url
 from gateway.llm.client import ChatClient
 from voxgate.contract.config import AGENT_KINDS, Config, ConfigError, check_stream_url
@@ -301,7 +301,9 @@ class AgentRegistry:
             llm=bool(cfg.llm.base_url), stream_url=bool(cfg.stream.url),
             max_text_chars=cfg.synth.max_text_chars,
         )  # fmt: skip
-        book = load_flow_file(f.file, limits) if f.file else None
+        # Neither a file nor a webhook: the built-in flow (the IVR menu, as `make serve` runs).
+        file = f.file or ("" if f.url else str(DEFAULT_FLOW_FILE))
+        book = load_flow_file(file, limits) if file else None
         if book is not None and f.start:
             if f.start not in book.flows:
                 raise ConfigError(f"flow.start: {f.file} has no flow named {f.start!r} "

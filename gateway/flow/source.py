@@ -42,6 +42,8 @@ from gateway.flow.verbs import FlowBook, FlowError, Limits, Step, parse_book, pa
 from voxgate.contract.config import ConfigError
 
 SIGNATURE_HEADER = "X-Voxgate-Signature"
+# The built-in flow: today's IVR menu ([agent] kind = "flow" with neither file nor url).
+DEFAULT_FLOW_FILE = Path(__file__).with_name("default.toml")
 # A flow file larger than this is not a flow file.
 MAX_FILE_BYTES = 4 * 1024 * 1024
 # The longest a retry waits before trying again.

@@ -30,6 +30,7 @@ from gateway.call.control import (
     AgentTurn,
     BargeIn,
     Transcript,
+    TransferOutcome,
     UtteranceFinished,
 )
 from gateway.llm.client import ChatClient
@@ -508,21 +509,46 @@ async def test_send_dtmf_with_bad_digits_is_refused_to_the_model(rig: RigFactory
     await r.said("Which key was it?")
 
 
-async def test_transfer_is_not_supported_and_the_model_is_asked_again(rig: RigFactory) -> None:
+async def test_a_refused_transfer_is_told_to_the_model_which_answers_the_caller(
+    rig: RigFactory,
+) -> None:
     r = await rig(
-        {"match": "person",
-         "tool_calls": [{"name": "transfer", "arguments": {"to": "sip:desk@example.com"}}]},
-        {"match": "person", "reply": "I cannot transfer you, but I can help you myself."},
+        {"match": "person", "reply": "Putting you through.",
+         "tool_calls": [{"name": "transfer", "arguments": {"to": "2000"}}]},
+        {"match": "person", "reply": "Sorry, nobody is free. I can help you myself."},
     )  # fmt: skip
+    r.call.transfer_outcome = TransferOutcome("refused", 603, "Decline")
     await r.start()
     await r.caller_says("Put me through to a person.")
+    ids = await r.said("Putting you through.")
+    await asyncio.sleep(0.2)
+    assert r.call.transfers == []  # the caller hears "putting you through" first
+    await r.finish(ids[0])
     await wait_for(lambda: len(r.requests) == 2, timeout=5)
+    # A number goes to the far end's host; a refused REFER may still become a bridged call.
+    assert r.call.transfers == [("sip:2000@example.com", "blind", "bridge")]
     follow = r.messages(1)
     check_tool_pairs(follow)
     result = json.loads(follow[-1]["content"])
-    assert result["ok"] is False and "not supported" in result["error"]
-    await r.said_reply("I cannot transfer you, but I can help you myself.")
+    assert result["ok"] is False and result["result"] == "refused" and result["status"] == 603
+    await r.said_reply("Sorry, nobody is free. I can help you myself.")
     assert r.call.hangups == [] and r.errors() == []
+
+
+async def test_a_completed_transfer_ends_the_agents_part(rig: RigFactory) -> None:
+    r = await rig(
+        {"match": "person", "reply": "Putting you through.",
+         "tool_calls": [{"name": "transfer", "arguments": {"to": "sip:desk@example.com"}}]},
+    )  # fmt: skip
+    await r.start()
+    await r.caller_says("Put me through to a person.")
+    await r.finish((await r.said("Putting you through."))[0])
+    await wait_for(lambda: r.call.transfers != [], timeout=5)
+    await asyncio.sleep(0.3)
+    assert r.call.transfers == [("sip:desk@example.com", "blind", "bridge")]
+    assert len(r.requests) == 1  # the model is not asked again: the call is the person's now
+    assert r.call.hangups == [] and r.errors() == []
+    assert "Putting you through." in r.call.texts
 
 
 async def test_malformed_tool_arguments(rig: RigFactory) -> None:
@@ -572,7 +598,7 @@ async def test_an_unknown_tool(rig: RigFactory) -> None:
 
 
 async def test_a_model_that_keeps_calling_tools_is_cut_off(rig: RigFactory) -> None:
-    again = {"match": "loop", "tool_calls": [{"name": "transfer", "arguments": {"to": "x"}}]}
+    again = {"match": "loop", "tool_calls": [{"name": "send_dtmf", "arguments": {"digits": "x"}}]}
     r = await rig(*[dict(again) for _ in range(6)], {"match": "next", "reply": "Hello again."})
     agent = await r.start()
     await r.caller_says("loop forever")

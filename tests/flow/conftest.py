@@ -16,7 +16,7 @@ from gateway.flow.source import Webhook, WebhookSettings
 from gateway.flow.verbs import FlowBook, Limits, parse_book
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_FLOW = ROOT / "deploy" / "flows" / "default.toml"
+DEFAULT_FLOW = ROOT / "gateway" / "flow" / "default.toml"
 ACCOUNT_FLOW = ROOT / "deploy" / "flows" / "account.toml"
 
 

@@ -1,4 +1,4 @@
-"""The default flow file (deploy/flows/default.toml) is today's IVR menu: the same key presses,
+"""The default flow file (gateway/flow/default.toml) is today's IVR menu: the same key presses,
 played through ``IvrAgent`` and through ``FlowAgent`` on the same simulated call, make callers
 hear the same prompts in the same order and end the call at the same point."""
 

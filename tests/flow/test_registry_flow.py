@@ -69,12 +69,12 @@ async def test_a_calls_flow_is_built_from_its_spec() -> None:
     hooked = reg.build(INFO, reg.validate({"kind": "flow", "url": "https://hooks.example/c"}))
     assert isinstance(hooked, FlowAgent) and hooked.url == "https://hooks.example/c"
     await reg.close()
-    # Without a file or a webhook, a call must bring its own.
+    # Without a file or a webhook the gateway has the built-in flow (the IVR menu).
     bare = registry()
-    with pytest.raises(BadRequest, match=r"this gateway has no \[flow\] file or url"):
-        bare.validate({"kind": "flow"})
-    with pytest.raises(BadRequest, match=r"no \[flow\] file; give agent\.url"):
-        bare.validate({"kind": "flow", "flow": "main"})
+    assert bare.validate({"kind": "flow"})["flow"] is None
+    assert bare.validate({"kind": "flow", "flow": "main"})["flow"] == "main"
+    with pytest.raises(BadRequest, match=r"no flow named 'sales'"):
+        bare.validate({"kind": "flow", "flow": "sales"})
     assert bare.validate({"kind": "flow", "url": "http://127.0.0.1:9/x"})["url"]
     await bare.close()
 

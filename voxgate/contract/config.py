@@ -355,7 +355,9 @@ class FlowConfig:
     """The ``flow`` agent (``gateway.flow``): call flows of verbs, as jambonz and TwiML write
     them, from a file checked at start and/or a webhook asked during the call."""
 
-    # A TOML or JSON file of named flows (see docs/flows.md); checked whole at start.
+    # A TOML or JSON file of named flows (see docs/flows.md); checked whole at start. Empty
+    # (and no url): the built-in flow, gateway/flow/default.toml — the IVR menu of [ivr]'s
+    # defaults, what `make serve` answers calls with.
     file: str = ""
     # A webhook (http or https) that calls start by asking for verbs (then its verbs' action
     # URLs); with file set too, its verbs may go to the file's flows.
@@ -599,11 +601,6 @@ class Config:
                 "llm.base_url: the llm agent needs an OpenAI-compatible endpoint "
                 "(set [llm] base_url, VOXGATE_LLM_BASE_URL or --llm-base-url, e.g. "
                 "http://127.0.0.1:8000/v1)"
-            )
-        if self.agent.kind == "flow" and not (self.flow.file or self.flow.url):
-            raise ConfigError(
-                "flow.file: the flow agent needs flows: set [flow] file (a TOML or JSON file, "
-                "e.g. deploy/flows/default.toml) or [flow] url (a webhook)"
             )
         if self.agent.kind == "stream" and not self.stream.url:
             raise ConfigError(

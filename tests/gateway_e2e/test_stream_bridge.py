@@ -12,18 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,48 +22,15 @@ import pytest
 from gateway.agents.stream import StreamAgent
 from gateway.call.calls import Call
 from synth.engines.base import Engine
+from tests.gateway_e2e.bot_process import BotProcess, free_tcp_port, run_bot
 from tests.gateway_e2e.test_bargein import caller_speech
 from voxgate.bench.localgw import LocalGateway, local_gateway
 from voxgate.bench.sipclient import ClientCall, RtpPeer, SipClient, rms
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "bridge-test-token"
 SILENT_RMS = 30.0
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class BotProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-    out: Path
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        out = []
-        with contextlib.suppress(OSError):
-            for line in self.log.read_text().splitlines():
-                with contextlib.suppress(json.JSONDecodeError):
-                    e = json.loads(line)
-                    if name is None or e["event"] == name:
-                        out.append(e)
-        return out
-
-    async def wait_for(self, name: str, count: int = 1, timeout: float = 15.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while len(found := self.events(name)) < count:
-            if time.monotonic() > deadline:
-                tail = self.out.read_text(errors="replace")[-2000:]
-                raise TimeoutError(f"the bot logged no {name!r} #{count}; its output: {tail}")
-            await asyncio.sleep(0.05)
-        return found[count - 1]
 
 
 @pytest.fixture(scope="module")
@@ -85,36 +42,8 @@ def rest_port() -> int:
 @pytest.fixture(scope="module")
 def bot(tmp_path_factory: pytest.TempPathFactory, rest_port: int) -> Iterator[BotProcess]:
     work = tmp_path_factory.mktemp("stream-bot")
-    port = free_tcp_port()
-    log, out = work / "events.jsonl", work / "bot.log"
-    cmd = [
-        sys.executable, "-m", "tests.gateway_e2e.stream_bot", "--port", str(port),
-        "--log", str(log), "--base-url", f"http://127.0.0.1:{rest_port}", "--auth-token", TOKEN,
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with open(out, "wb") as fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    bot = BotProcess(proc, port, log, out)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the bot exited: {out.read_text(errors='replace')[-2000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-                break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the bot did not start") from None
-                time.sleep(0.2)
+    with run_bot(work, base_url=f"http://127.0.0.1:{rest_port}", auth_token=TOKEN) as bot:
         yield bot
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @contextlib.asynccontextmanager

@@ -5,16 +5,18 @@
 On answer the agent dials the bot (``ws://`` or ``wss://`` with certificate verification) and
 plays Twilio's part of the protocol (:mod:`gateway.agents.twilio_media`): ``connected``,
 ``start``, then the caller's audio as 20 ms ``media`` messages (μ-law 8 kHz from
-``caller_audio(8000)``, echo-gated with ``[stream] echo_gate``: the agent's echo is sent as
-silence, so the stream stays unbroken), a ``dtmf`` message for every key
-(RFC 4733, SIP INFO or a browser's keypad), and ``stop`` when the call ends.
+``caller_audio(8000)``, echo-gated with ``[stream] echo_gate``: while the bot's own voice may be
+echoing back, the caller's audio is sent 30 dB down, so the stream stays unbroken), a ``dtmf``
+message for every key (RFC 4733, SIP INFO or a browser's keypad), and ``stop`` when the call
+ends.
 
 The bot's ``media`` (any length) is queued on the call's playout (``Call.play_audio``), so the
 media ticker paces it onto the call's 20 ms clock (resampled for a 48 kHz browser leg); a bot
-that sends faster than real time (pipecat sends at twice real time) is buffered up to
-``max_buffer_s``, beyond which the oldest audio is dropped and counted. ``clear`` is
-``call.interrupt()`` (the 10 ms cosine fade); a ``mark`` is echoed once the audio before it has
-played, or when a ``clear`` dropped it.
+that sends faster than real time (pipecat 1.14 paces at real time, with a little lead; a bot
+may also send a whole answer at once) is buffered up to ``max_buffer_s``, beyond which the
+oldest audio is dropped and counted. ``clear`` is ``call.interrupt()`` (the 10 ms cosine
+fade); a ``mark`` is echoed once the audio before it has played, or when a ``clear`` dropped
+it.
 
 Hang-up: the bot closing its socket ends the call once its queued audio has played; the call
 ending (either side) sends ``stop`` and closes the socket. Errors (unreachable, a failed
@@ -76,8 +78,8 @@ OUTBOX_CONTROL = 1000
 # The bot's audio is played as segments; one ends when the bot has sent nothing for this long
 # (so the call is not "speaking" between the bot's turns).
 SEGMENT_IDLE_S = 0.1
-# The bot's audio queued for the caller (pipecat sends at twice real time: a 60 s answer is
-# 30 s ahead at its end); past this the oldest is dropped.
+# The bot's audio queued for the caller (a bot may send a whole answer at once, far ahead
+# of real time); past this the oldest is dropped.
 MAX_BUFFER_S = 60.0
 # The reader lets the event loop run (the media ticker) after this many messages in a row.
 YIELD_EVERY = 16
@@ -306,8 +308,8 @@ class StreamAgent:
         self._tap = tap = call.caller_audio(
             RATE, echo_gate=self.settings.echo_gate, max_frames=TAP_FRAMES
         )
-        # Twilio sends a media message every 20 ms, silence included: the bot's VAD and
-        # timestamps expect an unbroken stream, so a gated frame is sent as silence.
+        # Twilio sends a media message every 20 ms: the bot's VAD and timestamps expect an
+        # unbroken stream, so a gated frame is sent ducked rather than left out.
         tap.fill_gated = True
         self._spawn(self._pump(tap), "stream-pump")
         self.connected.set()

@@ -8,9 +8,11 @@ speech-to-text then does not transcribe the agent.  When the detector does recog
 caller (``caller_started``), the held pre-roll (the caller's onset, before the decision) is
 released first, so no word start is lost.  A consumer that needs an unbroken 20 ms stream (a
 bridged bot: its VAD and Twilio's ``timestamp`` expect one frame per 20 ms) sets ``fill_gated``:
-each withheld frame is then replaced by a frame of digital silence, and the released onset
-follows as extra frames (the bot hears the caller's first syllables a little late and fast,
-never the agent's echo).
+each withheld frame is then delivered in time but ducked by ``DUCK_DB`` (an echo suppressor's
+attenuation, not a mute), nothing is replayed when the gate opens, and the gain glides (over
+``OPEN_MS`` up, one frame down) instead of stepping.  Why (``voxgate bench bridge``, pipecat's
+Silero VAD): digital silence in place of the echo and then a replayed onset, or a 30 dB step
+when the detector opens the gate on echo, are exactly what a VAD takes for a talker starting.
 
 The frame path (:meth:`CallerAudioTap.push`) is synchronous and cheap; the asyncio side is
 only the wake-up of the reader."""
@@ -33,6 +35,13 @@ FRAME_MS = 20
 # Pre-roll kept while gated: longer than the detector's onset → decision (p95 ~110 ms) plus
 # the batch delay.
 PREROLL_MS = 300
+# ``fill_gated``: how far a withheld frame is turned down (the echo then sits ~30 dB below the
+# caller's level, under any VAD's floor, and the stream stays continuous).
+DUCK_DB = 30.0
+_DUCK = 10 ** (-DUCK_DB / 20)
+# ``fill_gated``: the gain rises from the ducked level to unity over this long once the gate
+# opens (a VAD hears a rise, not a step; Silero wants 200 ms of speech before it decides).
+OPEN_MS = 100
 
 
 def _resampler(in_rate: int, out_rate: int) -> Resampler | None:
@@ -62,7 +71,8 @@ class CallerAudioTap:
         self._max = max_frames
         self._preroll: deque[Int16Array] = deque(maxlen=max(1, PREROLL_MS // FRAME_MS))
         self._caller = False  # the detector has the caller speaking (gate open)
-        self.fill_gated = False  # deliver silence in place of withheld frames (module doc)
+        self.fill_gated = False  # deliver withheld frames ducked, in time (module doc)
+        self._gain = 1.0  # fill_gated: the gain at the end of the last frame delivered
         self._wake = asyncio.Event()
         self.closed = False
         self.frames = 0  # delivered into the queue
@@ -82,13 +92,31 @@ class CallerAudioTap:
         self._carry = buf[n:].copy()
         for i in range(0, n, self.frame):
             frame = np.clip(np.rint(buf[i : i + self.frame]), -32768, 32767).astype(np.int16)
-            if self.echo_gate and agent_audible and not self._caller:
-                self._preroll.append(frame)
+            gated = self.echo_gate and agent_audible and not self._caller
+            if gated:
                 self.gated += 1
-                if self.fill_gated:
-                    self._deliver(np.zeros(self.frame, dtype=np.int16))
+            if self.fill_gated:
+                self._deliver(self._glide(frame, _DUCK if gated else 1.0))
+            elif gated:
+                self._preroll.append(frame)
             else:
                 self._deliver(frame)
+
+    def _glide(self, frame: Int16Array, target: float) -> Int16Array:
+        """The frame with the gain moving toward ``target``: down within the frame, up by
+        ``DUCK_DB`` per ``OPEN_MS`` (geometric, sample by sample: no step for a VAD to hear)."""
+        start = self._gain
+        if start == target == 1.0:
+            return frame
+        if target < start:
+            end = target
+        else:
+            step = 10 ** (DUCK_DB / 20 * FRAME_MS / OPEN_MS)  # per frame
+            end = min(target, start * step)
+        ramp = start * (end / start) ** (np.arange(1, len(frame) + 1) / len(frame))
+        self._gain = end
+        out: Int16Array = np.clip(np.rint(frame * ramp), -32768, 32767).astype(np.int16)
+        return out
 
     def caller_started(self) -> None:
         """The barge-in detector recognised the caller (over the agent or not): open the gate

@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from voxgate.bench.bridge import AUDIBLE, RATE, SPF, burst_arrivals, silence_after, tone
+from voxgate.bench.bridge import (
+    AUDIBLE,
+    RATE,
+    SPF,
+    burst_arrivals,
+    distinct,
+    silence_after,
+    tone,
+)
 
 
 def _packets(frames: list[np.ndarray], t0: float = 100.0) -> list[tuple[float, np.ndarray]]:
@@ -40,6 +48,10 @@ def test_a_burst_is_found_once_in_the_packet_that_starts_it() -> None:
     pk = _packets([quiet, half, rest, quiet, quiet, tone(SPF), quiet])
     assert burst_arrivals(pk, 0.0) == pytest.approx([100.02, 100.10])
     assert burst_arrivals(pk, 100.05) == pytest.approx([100.10])
+
+
+def test_interruption_frames_seen_twice_count_once() -> None:
+    assert distinct([5.0, 1.0, 1.0001, 1.05, 3.0]) == [1.0, 3.0, 5.0]
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dsp.resample import Resampler
-from gateway.media.tap import PREROLL_MS, CallerAudioTap
+from gateway.media.tap import DUCK_DB, OPEN_MS, PREROLL_MS, CallerAudioTap
 
 N8 = 160
 
@@ -102,18 +102,25 @@ def test_bad_rates_are_refused() -> None:
         CallerAudioTap(8000, 8000, max_frames=0)
 
 
-async def test_fill_gated_keeps_the_stream_unbroken_with_silence_for_the_echo() -> None:
-    # A bridged bot expects one frame per 20 ms: the withheld echo arrives as digital silence,
-    # then the released onset, then the caller.
+async def test_fill_gated_keeps_the_stream_unbroken_with_the_echo_ducked() -> None:
+    # A bridged bot expects one frame per 20 ms: the withheld frames arrive in time, 30 dB
+    # down, nothing is replayed when the gate opens, and the gain glides: no step.
     tap = CallerAudioTap(8000, 8000, echo_gate=True)
     tap.fill_gated = True
-    for i in range(1, 21):  # 400 ms of (possible) echo
-        tap.push(np.full(N8, i, np.int16), agent_audible=True)
+    for _ in range(20):  # 400 ms of (possible) echo
+        tap.push(np.full(N8, 10000, np.int16), agent_audible=True)
     assert tap.pending() == 20 and tap.gated == 20
     tap.caller_started()
-    tap.push(np.full(N8, 99, np.int16), agent_audible=True)
-    frames = await drain(tap)
-    kept = PREROLL_MS // 20
-    assert all(not f.any() for f in frames[:20])  # silence, not the agent's echo
-    assert [int(f[0]) for f in frames[20:]] == [*range(21 - kept, 21), 99]
-    assert all(len(f) == N8 for f in frames)
+    for _ in range(10):  # the caller, 200 ms
+        tap.push(np.full(N8, 10000, np.int16), agent_audible=True)
+    tap.caller_stopped()
+    tap.push(np.full(N8, 10000, np.int16), agent_audible=True)  # gated again
+    x = np.concatenate(await drain(tap)).astype(np.float64)
+    assert len(x) == 31 * N8
+    ducked = 10000 * 10 ** (-DUCK_DB / 20)
+    assert abs(x[20 * N8 - 1] - ducked) <= 1  # the echo, 30 dB down, in time
+    opened = x[20 * N8 : 30 * N8]
+    assert np.all(np.diff(opened) >= 0)  # rising, no step: about 0.04 dB per sample
+    assert np.max(opened[1:] / opened[:-1]) < 10 ** (0.05 / 20) + 1e-3
+    assert x[20 * N8 + OPEN_MS * 8] == 10000  # full level after OPEN_MS
+    assert x[-1] == round(ducked)  # and down again within one frame

@@ -305,8 +305,8 @@ class StreamConfig:
     ca_file: str = ""
     # The bot's WebSocket handshake must complete within this long (s).
     connect_timeout_s: float = 5.0
-    # Hold back the caller's audio while the bot's own voice may be echoing back on the line
-    # (the barge-in detector's estimate), so the bot's VAD does not interrupt itself.
+    # Turn the caller's audio 30 dB down while the bot's own voice may be echoing back on the
+    # line (the barge-in detector's estimate), so the bot's VAD does not interrupt itself.
     echo_gate: bool = False
     # voxgate's own barge-in on the bot's audio; off: the bot owns turn-taking (it sends
     # "clear" when it is interrupted).

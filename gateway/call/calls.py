@@ -818,6 +818,14 @@ class Call:
             await agent.on_start(self)
             while (event := await self._agent_queue.get()) is not None:
                 await agent.on_event(self, event)
+        except Conflict as exc:
+            if self._info.state != "ended":
+                log.exception("agent failed on call %s; hanging up", self.id)
+                await self.hangup("agent error")
+            else:
+                # The caller hung up while the agent was acting (a say on a call that has
+                # just ended): not an agent failure.
+                log.info("call %s ended under its agent: %s", self.id, exc.message)
         except Exception:
             log.exception("agent failed on call %s; hanging up", self.id)
             await self.hangup("agent error")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,3 +201,31 @@ async def test_agents_hear_state_changes_but_not_their_own_utterance_starts(
     states = [e.state for e in agent.events if isinstance(e, CallStateChanged)]
     assert states == ["ended"], states  # answered came before the agent started
     assert len(call.utterances) == 0  # every record went with its utterance
+
+
+async def test_a_caller_gone_before_the_agent_speaks_is_not_an_agent_failure(
+    manager: CallManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The caller hangs up within milliseconds of the answer: the agent's first say finds the
+    # call ended. That is the caller's doing, not an agent error (no ERROR log, no "agent
+    # error" hang-up over the remote one).
+    started = asyncio.Event()
+
+    class SlowStart:
+        async def on_start(self, call: Any) -> None:
+            await started.wait()
+            await call.say("Hello and welcome.")
+
+        async def on_event(self, call: Any, event: Event) -> None: ...
+
+        async def on_end(self, call: Any) -> None: ...
+
+    call = manager.new_call("sip", "inbound", "sip:alice@example.com", "sip:ivr@gw")
+    call.leg = FakeLeg(call)
+    call.set_state("answered")
+    await call.start(SlowStart())
+    await call.ended("remote hangup")
+    started.set()
+    await asyncio.sleep(0.05)
+    assert call.info.end_reason == "remote hangup"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

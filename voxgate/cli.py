@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub.required = True
 
     import dsp.commands
+    import gateway.amd.commands
     import gateway.commands
     import synth.commands
     from voxgate import serve
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.commands.register(sub)
     register_bench(bench_sub)
     mock_llm.register(sub)
+    gateway.amd.commands.register(sub)
     return parser
 
 

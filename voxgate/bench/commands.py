@@ -77,11 +77,12 @@ def register_bench(bench_sub: SubParsers) -> None:
     add_bridge_arguments(br)
     br.set_defaults(func=cmd_bench_bridge)
 
-    # Issue 13's call-center numbers: each module parses its own options (--help there).
+    # Call-center numbers: each module parses its own options (--help there).
     for name, doc in (
         ("flow", "call flows over real SIP: key → next prompt's first audio, webhook round trip"),
         ("transfer", "blind transfer against sipp: REFER → call ended"),
         ("recording", "call recording's CPU per call (media side and writer), 8 and 48 kHz"),
+        ("amd", "answering-machine detection on generated greetings: accuracy, decision time"),
     ):
         # Its own options pass through untouched ("+" is no option prefix of ours).
         cc = bench_sub.add_parser(name, help=doc, add_help=False, prefix_chars="+")

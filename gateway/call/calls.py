@@ -208,6 +208,13 @@ class Call:
         # this call runs an agent at all (a bridge's second leg does not).
         self.bridge: Bridge[Call] | None = None
         self.wants_agent = True
+        # ``hold_agent``: the agent starts only once this resolves (True: run it; False: it
+        # never starts), so an outbound campaign call's answering-machine detection decides
+        # before the agent's first word (gateway.campaign.dialer).
+        self._agent_gate: asyncio.Future[bool] | None = None
+        # Outbound: the Retry-After of the final response to our INVITE, in seconds (RFC 3261
+        # §20.33; a 503 from an overloaded trunk says when to try again).
+        self.retry_after: float | None = None
         # The outcome of each transfer (for the call's record), and one at a time.
         self.transfers: list[dict[str, object]] = []
         self._transferring = False
@@ -440,6 +447,24 @@ class Call:
             self.id, state=outcome.result, target=target, mode=mode, method=method,
             status=outcome.status, reason=outcome.reason, bridged_call=outcome.bridged_call,
         ))  # fmt: skip
+
+    def hold_agent(self) -> None:
+        """Keep the call's agent from starting (no ``on_start``, so no greeting) until
+        :meth:`release_agent`. Call it before the answer can arrive (right after originating:
+        the INVITE is out, no 200 yet)."""
+        if self._agent_gate is None:
+            self._agent_gate = self._loop.create_future()
+
+    def release_agent(self, run: bool = True) -> None:
+        """Start a held agent (``run``), or let it never start (a machine answered: whoever
+        holds the call speaks for it). Nothing if not held or already released."""
+        gate = self._agent_gate
+        if gate is not None and not gate.done():
+            gate.set_result(run)
+
+    @property
+    def agent_held(self) -> bool:
+        return self._agent_gate is not None and not self._agent_gate.done()
 
     def caller_audio(
         self, rate: int = 8000, *, echo_gate: bool = False, max_frames: int = 50
@@ -708,6 +733,7 @@ class Call:
         self.set_state("ended", reason)
         self.stop_recording()  # flushed and finalised by the writer
         self.manager.forget(self)
+        self.release_agent(False)  # a held agent's task ends without starting
         for tap in self.taps:
             tap.close()
         if self.detector is not None:
@@ -814,6 +840,8 @@ class Call:
         agent = self.agent
         if agent is None:
             return
+        if self._agent_gate is not None and not await self._hold_released():
+            return
         try:
             await agent.on_start(self)
             while (event := await self._agent_queue.get()) is not None:
@@ -832,6 +860,20 @@ class Call:
         finally:
             with contextlib.suppress(Exception):
                 await agent.on_end(self)
+
+    async def _hold_released(self) -> bool:
+        """Wait out ``hold_agent``; whether the agent is to start. What the call's events said
+        while it was held (the answer, the caller's first words) happened before the agent
+        existed for the caller: dropped, but for the end of the call."""
+        assert self._agent_gate is not None
+        run = await self._agent_gate
+        ended = False
+        while not self._agent_queue.empty():
+            ended = ended or self._agent_queue.get_nowait() is None
+        if ended or not run or self._info.state == "ended":
+            self._agent_stopped = True
+            return False
+        return True
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str = "call") -> None:
         # The agent task is named so ``ended`` lets it finish (it runs on_end). Each task runs

@@ -275,6 +275,45 @@ class RecordingEvent(Event):
     type: str = "recording"
 
 
+@dataclass(frozen=True, slots=True)
+class AmdResult(Event):
+    """Answering-machine detection on an answered outbound call (``gateway.amd``): ``type`` is
+    the detector's event name (amd.human | amd.machine | amd.beep | amd.no_speech |
+    amd.decision_timeout | amd.greeting_ended); ``at_ms`` the media time of the decision after
+    the answer; ``cause`` the heuristic's or word rule's reason (machine/human); for a beep its
+    ``frequency_hz``. ``campaign``/``contact`` name the campaign attempt it belongs to."""
+
+    at_ms: int = 0
+    cause: str = ""
+    frequency_hz: float | None = None
+    campaign: str | None = None
+    contact: int | None = None
+    type: str = "amd"
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignEvent(Event):
+    """A campaign's steps (``gateway.campaign``), ``type``: campaign.created | campaign.state
+    (``state`` paused/running/cancelled) | campaign.dial (``contact``, ``to``, ``attempt``) |
+    campaign.attempt (the attempt ended: ``outcome``, ``sip_status``, ``reason``,
+    ``voicemail_left``, ``retry_at``) | campaign.trunk_backoff (``until``, ``retry_after``) |
+    campaign.finished (``state`` done/cancelled). ``call_id`` is the attempt's call, or ""."""
+
+    campaign: str = ""
+    contact: int | None = None
+    to: str | None = None
+    attempt: int | None = None
+    state: str | None = None
+    outcome: str | None = None
+    sip_status: int | None = None
+    reason: str | None = None
+    voicemail_left: bool | None = None
+    retry_at: float | None = None
+    until: float | None = None
+    retry_after: float | None = None
+    type: str = "campaign"
+
+
 def event_json(event: Event) -> str:
     return json.dumps(dataclasses.asdict(event), separators=(",", ":"))
 

@@ -205,6 +205,19 @@ class CallManager:
     async def originate(
         self, to: str, *, caller: str | None = None, agent: dict[str, object] | None = None
     ) -> CallInfo:
+        return (await self.originate_call(to, caller=caller, agent=agent)).info
+
+    async def originate_call(
+        self,
+        to: str,
+        *,
+        caller: str | None = None,
+        agent: dict[str, object] | None = None,
+        hold_agent: bool = False,
+    ) -> Call:
+        """``originate``, returning the ringing :class:`Call` itself (a campaign's dialler
+        follows it). ``hold_agent``: the agent waits for ``Call.release_agent`` once the call
+        is answered (answering-machine detection decides first)."""
         spec = None
         if agent is not None:
             if self.agents is None:
@@ -217,7 +230,9 @@ class CallManager:
         call = await self.originate_hook(to, caller)
         # Set before any answer can arrive: the hook returns as soon as the INVITE is out.
         call.agent_spec = spec
-        return call.info
+        if hold_agent:
+            call.hold_agent()
+        return call
 
     async def dial(self, to: str) -> Call:
         """The second leg of a bridge: an outbound call like ``originate`` but with no agent."""

@@ -545,6 +545,7 @@ class SipUA:
 
     # --- UAC -----------------------------------------------------------------------------
     async def originate(self, to: str, caller: str | None = None) -> Call:
+        to = dial_uri(to, self.cfg.trunk)
         try:
             target = parse_uri(to)
         except SipParseError as exc:
@@ -604,6 +605,7 @@ class SipUA:
             return  # ringing: the call is already in state "ringing"
         if status >= 300:
             self.client_invites.pop(ev.transaction_id, None)
+            leg.call.retry_after = retry_after_s(resp.headers.get("Retry-After"))
             if status in (401, 407) and leg.auth is not None and not leg.ended:
                 retry = leg.auth.authorize(leg.invite, resp)
                 if retry is not None:
@@ -817,6 +819,33 @@ async def _final_status(call: Call, timeout: float) -> Sipfrag:
     if status is None or status < 300:
         return Sipfrag(500, "Server Internal Error")
     return Sipfrag(status, reason_phrase(status))
+
+
+def dial_uri(to: str, trunk: str) -> str:
+    """The Request-URI for ``to``: a ``sip:``/``sips:`` URI as it is; an E.164 number
+    (``+14155550100``) as a telephone-number user at the trunk's host (RFC 3261 §19.1.6,
+    ``user=phone``). A number without a trunk has nowhere to go: BadRequest."""
+    if not to.startswith("+"):
+        return to
+    digits = to[1:]
+    if not (digits.isascii() and digits.isdigit() and 1 <= len(digits) <= 15):
+        raise BadRequest(f"{to!r} is not an E.164 number")
+    if not trunk:
+        raise BadRequest(f"no trunk to dial {to} through: set gateway.trunk")
+    hop = parse_uri(trunk)
+    if not isinstance(hop, SipUri):
+        raise BadRequest(f"gateway.trunk {trunk!r} is not a sip: URI")
+    port = f":{hop.port}" if hop.port is not None else ""
+    return f"{hop.scheme}:{to}@{hop.host}{port};user=phone"
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds of a Retry-After header (RFC 3261 §20.33: delta-seconds, then an optional
+    comment and ``;duration=`` parameters, which are ignored); None when absent or garbled."""
+    if value is None:
+        return None
+    head = value.strip().split(";", 1)[0].split("(", 1)[0].strip()
+    return float(head) if head.isascii() and head.isdigit() else None
 
 
 def bind_ip(cfg: GatewayConfig, local_ip: str) -> str:

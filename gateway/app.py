@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gateway.agents.registry import AgentRegistry
+from gateway.api.campaigns import campaign_routes
 from gateway.api.recordings import recording_routes
 from gateway.api.routes import check_bind_safety, make_app, start_api, stop_api
 from gateway.call.manager import CallManager
+from gateway.campaign.service import CampaignService
 from gateway.legs.sip.register import Registrar
 from gateway.legs.sip.ua import SipUA, resolve_uri
 from gateway.legs.webrtc.service import WebRtcService
@@ -61,6 +63,9 @@ class Gateway:
         self.http_port = 0
         # Prometheus /metrics (outside /api/: no token, like /healthz and /readyz).
         self.metrics = GatewayMetrics(self.manager, bus)
+        # Outbound campaigns (gateway.campaign.service): their store is opened in start().
+        self.campaigns = CampaignService(cfg, self.manager)
+        self.metrics.watch_campaigns(self.campaigns.in_flight)
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when the bus answers and at least one warmed-up worker is serving (asked now;
@@ -87,10 +92,13 @@ class Gateway:
         await self.ua.start()
         if g.register:
             await self._start_registration()
+        # After the UA: resumed campaigns dial at once; the bound SIP port names this gateway.
+        await self.campaigns.start(sip_port=self.ua.transport.port)
         app = make_app(
             self.manager, token=g.api_token or None, max_text_chars=self.cfg.synth.max_text_chars,
             extra_routes=[web.get("/readyz", self.readyz), web.get("/metrics", self.metrics.handle),
-                          *self.webrtc.routes(), *recording_routes(self.manager)],
+                          *self.webrtc.routes(), *recording_routes(self.manager),
+                          *campaign_routes(self.campaigns)],
             twilio_account_sid=self.cfg.stream.account_sid or None,
         )  # fmt: skip
         self.metrics.start()
@@ -123,6 +131,7 @@ class Gateway:
         if self.registrar is not None:
             await self.registrar.close()
         await self.webrtc.close()
+        await self.campaigns.close()  # no new dials; the UA's close ends the live calls
         await self.ua.close()
         await self.recordings.close()  # the calls have ended: their files are finalised
         await self.readiness.close()

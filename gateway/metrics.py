@@ -23,7 +23,7 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.agents.stream import StreamStats
@@ -32,12 +32,14 @@ from gateway.call.control import (
     AgentError,
     AgentTurn,
     BargeIn,
+    CampaignEvent,
     Event,
     LegKind,
     UtteranceFinished,
     WorkerStopped,
 )
 from gateway.call.manager import CallManager
+from gateway.campaign.outcomes import Outcome
 from gateway.media.recording import ERROR_CODES as RECORDING_ERROR_CODES
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
@@ -82,7 +84,7 @@ BRIDGE_COUNTERS: dict[str, tuple[str, str, float]] = {
     ),
     "clears": ("voxgate_bridge_clears", "clear messages from bots (the agent cut off)", 1.0),
     "marks_echoed": ("voxgate_bridge_marks_echoed", "mark messages echoed back to bots", 1.0),
-}
+}  # fmt: skip
 STT_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0)
 
 # End reasons are free text (a SIP status line of the far end among them): bucket them.
@@ -114,6 +116,7 @@ STOP_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0
 ONSET_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0)
 WORKER_STOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 PENDING_TIMEOUT_S = 2.0
+_OUTCOMES = frozenset(o.value for o in Outcome)
 
 
 def call_outcome(reason: str | None) -> str:
@@ -190,6 +193,24 @@ class GatewayMetrics:
         )  # fmt: skip
         for kind in AGENT_ERROR_KINDS:
             self.agent_errors.labels(kind)
+        # Outbound campaigns (gateway.campaign), from their events: no campaign label (ids are
+        # unbounded); the outcome label is the fixed set of attempt outcomes.
+        self.campaign_dialled = Counter(
+            "voxgate_campaign_dialled", "Campaign attempts dialled by this gateway", registry=r,
+        )  # fmt: skip
+        self.campaign_answered = Counter(
+            "voxgate_campaign_answered", "Campaign attempts answered (by a person or a machine)",
+            registry=r,
+        )  # fmt: skip
+        self.campaign_outcomes = Counter(
+            "voxgate_campaign_outcome", "Campaign attempts ended, by outcome",
+            labelnames=("outcome",), registry=r,
+        )  # fmt: skip
+        for o in Outcome:
+            self.campaign_outcomes.labels(o.value)
+        self.campaign_in_flight = Gauge(
+            "voxgate_campaign_in_flight", "Campaign calls this gateway has up now", registry=r,
+        )  # fmt: skip
         # Totals left by ended calls: (leg, outcome) -> calls; (leg, key) -> media counters.
         self._ended_calls: dict[tuple[str, str], int] = {}
         self._ended_media: dict[tuple[str, str], float] = {}
@@ -221,6 +242,11 @@ class GatewayMetrics:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def watch_campaigns(self, in_flight: Callable[[], int]) -> None:
+        """Read the campaign calls up now from ``in_flight`` at each scrape
+        (``CampaignService.in_flight``)."""
+        self.campaign_in_flight.set_function(lambda: float(in_flight()))
 
     def add_refresher(self, refresh: Callable[[], Awaitable[None]]) -> None:
         """Run ``refresh`` before each scrape (e.g. an embedded worker's metrics)."""
@@ -288,6 +314,17 @@ class GatewayMetrics:
         elif isinstance(event, AgentError):
             kind = event.kind if event.kind in AGENT_ERROR_KINDS else "other"
             self.agent_errors.labels(kind).inc()
+        elif isinstance(event, CampaignEvent):
+            self._on_campaign(event)
+
+    def _on_campaign(self, event: CampaignEvent) -> None:
+        if event.type == "campaign.dial":
+            self.campaign_dialled.inc()
+        elif event.type == "campaign.attempt" and event.outcome is not None:
+            outcome = event.outcome if event.outcome in _OUTCOMES else Outcome.FAILED.value
+            self.campaign_outcomes.labels(outcome).inc()
+            if outcome in (Outcome.HUMAN, Outcome.MACHINE):
+                self.campaign_answered.inc()
 
     # --- reading calls -------------------------------------------------------------------
     def _call_counters(self, call: Call, stats: dict[str, float] | None = None) -> dict[str, float]:

@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     import dsp.commands
     import gateway.amd.commands
+    import gateway.campaign.commands
     import gateway.commands
     import synth.commands
     from voxgate import serve
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(bench_sub)
     mock_llm.register(sub)
     gateway.amd.commands.register(sub)
+    gateway.campaign.commands.register(sub)
     return parser
 
 

@@ -142,7 +142,9 @@ class CampaignRunner:
                     gate = max(gate, record.last_dial_at + self.pacer.interval)
                 wake_at = min(wake_at, max(due, gate))
         # A floor against a hot loop when another gateway took the contact we were about to.
-        await self._sleep(max(wake_at - now, 0.001))
+        # From the clock now, not ``now``: the store round trips since then would make this
+        # gateway wake late at every shared gate and lose every race to the one dialling.
+        await self._sleep(max(wake_at - self.clock(), 0.001))
         return None
 
     async def _start(self, claim: Claim, now: float) -> None:

@@ -45,6 +45,10 @@ GATEWAY = {
     "voxgate_bridge_audio_dropped_seconds": "counter",
     "voxgate_bridge_clears": "counter",
     "voxgate_bridge_marks_echoed": "counter",
+    "voxgate_campaign_dialled": "counter",
+    "voxgate_campaign_answered": "counter",
+    "voxgate_campaign_outcome": "counter",
+    "voxgate_campaign_in_flight": "gauge",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",

@@ -566,6 +566,57 @@ RECORDING_FIELDS = ("date", "time", "call_id", "caller", "id")
 
 
 @dataclass
+class CampaignConfig:
+    """Outbound campaigns (``gateway.campaign.service``): where their state lives, who this
+    gateway is to the store, and the limits on what one campaign may hold.
+
+    With ``[bus] kind = "redis"`` the state lives in the bus's Redis (``bus.redis_url``, under
+    ``bus.prefix``), shared by every gateway on it; otherwise in the SQLite file ``db``.
+    """
+
+    # SQLite file of the campaigns when the bus is not Redis (created when first needed).
+    db: str = "campaigns.sqlite"
+    # This gateway's id in the store's claims. Empty: "<hostname>:<SIP port>", stable across
+    # restarts, so a restarted gateway settles its own interrupted claims at once.
+    owner: str = ""
+    # A claim's lease: a gateway that dies holds its contacts this long before another one
+    # settles them (live calls renew it every third of it).
+    lease_s: float = 120.0
+    # How often a gateway looks for campaigns created or resumed elsewhere (s).
+    scan_s: float = 5.0
+    # Contacts per campaign, and the size of a POST /api/campaigns body (bytes).
+    max_contacts: int = 100_000
+    max_request_bytes: int = 16 * 1024 * 1024
+    # Answering-machine detection settings (``gateway.amd.detector.AmdConfig`` fields, as
+    # strings: ``{"greeting" = "1500"}``); empty: the defaults.
+    amd: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.owner != self.owner.strip() or any(c.isspace() for c in self.owner):
+            raise ConfigError(f"campaign.owner: must not contain whitespace, got {self.owner!r}")
+        if not self.db.strip():
+            raise ConfigError("campaign.db: must not be empty")
+        if not 5 <= self.lease_s <= 3600:
+            raise ConfigError(f"campaign.lease_s: must be from 5 to 3600, got {self.lease_s}")
+        if not 0 < self.scan_s <= 300:
+            raise ConfigError(f"campaign.scan_s: must be > 0 and <= 300, got {self.scan_s}")
+        if not 1 <= self.max_contacts <= 10_000_000:
+            raise ConfigError(
+                f"campaign.max_contacts: must be from 1 to 10000000, got {self.max_contacts}"
+            )
+        if not 1024 <= self.max_request_bytes <= 1024**3:
+            raise ConfigError(
+                "campaign.max_request_bytes: must be from 1024 to 1073741824, got "
+                f"{self.max_request_bytes}"
+            )
+        # The AMD settings' names and values are checked by the gateway, which knows
+        # ``AmdConfig`` (this module imports no side: tests/test_layout.py).
+        for name in self.amd:
+            if not name.isidentifier():
+                raise ConfigError(f"campaign.amd: bad setting name {name!r}")
+
+
+@dataclass
 class LogConfig:
     level: str = "info"
     # "json" (structured, for operators) or "text".
@@ -591,6 +642,7 @@ class Config:
     bargein: BargeinSettings = field(default_factory=BargeinSettings)
     webrtc: WebrtcConfig = field(default_factory=WebrtcConfig)
     recording: RecordingConfig = field(default_factory=RecordingConfig)
+    campaign: CampaignConfig = field(default_factory=CampaignConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
@@ -764,7 +816,7 @@ def add_config_arguments(
 # legs play at, and the worker's deadline (its own give-up timer is that plus a margin).
 GATEWAY_KEYS: tuple[str, ...] = (
     "bus", "gateway", "ivr", "agent", "llm", "stream", "flow", "turn", "bargein", "webrtc",
-    "recording", "log",
+    "recording", "campaign", "log",
     "synth.max_text_chars", "synth.wideband_rate", "worker.default_deadline_s",
 )  # fmt: skip
 WORKER_KEYS: tuple[str, ...] = ("bus", "synth", "worker", "log")

@@ -83,6 +83,7 @@ def register_bench(bench_sub: SubParsers) -> None:
         ("transfer", "blind transfer against sipp: REFER → call ended"),
         ("recording", "call recording's CPU per call (media side and writer), 8 and 48 kHz"),
         ("amd", "answering-machine detection on generated greetings: accuracy, decision time"),
+        ("campaign", "an outbound campaign against a sipp UAS: dials/s, pacing, peak calls, CPU"),
     ):
         # Its own options pass through untouched ("+" is no option prefix of ours).
         cc = bench_sub.add_parser(name, help=doc, add_help=False, prefix_chars="+")

@@ -221,7 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         contacts = parse_contacts_csv(data)
     except ContactsError as exc:
         for e in exc.errors:
-            where = f"line {e.row}" if e.row else "file"
+            where = f"line {e.row}" if e.row is not None else "file"
             print(f"{args.csv}: {where}: {e.reason}", file=sys.stderr)
         print(f"voxgate campaign: {len(exc.errors)} bad row(s); nothing created", file=sys.stderr)
         return 2
@@ -338,7 +338,8 @@ def _refused(exc: ApiError) -> int:
     if "field" in exc.body:
         print(f"  field: {exc.body['field']}", file=sys.stderr)
     for row in exc.body.get("rows", []):
-        print(f"  contact #{row.get('row')}: {row.get('reason')}", file=sys.stderr)
+        where = "contacts" if row.get("row") is None else f"contact #{row['row']}"
+        print(f"  {where}: {row.get('reason')}", file=sys.stderr)
     return 2 if exc.status in (400, 413) else 1
 
 

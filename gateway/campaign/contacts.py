@@ -47,9 +47,10 @@ class Contact:
 
 @dataclass(frozen=True, slots=True)
 class RowError:
-    """``row``: the CSV line number (header = 1) or the JSON index; 0 for the whole input."""
+    """``row``: the CSV line number (header = 1) or the JSON list index; None for the input as
+    a whole (no contacts, too many, not JSON), so that it never reads as the first contact."""
 
-    row: int
+    row: int | None
     reason: str
 
     def to_json(self) -> dict[str, object]:
@@ -57,11 +58,13 @@ class RowError:
 
 
 class ContactsError(ValueError):
-    """The contacts were refused; ``errors`` lists every bad row (row 0: the input as a whole)."""
+    """The contacts were refused; ``errors`` lists every bad row (row None: the whole input)."""
 
     def __init__(self, errors: list[RowError]) -> None:
         self.errors = errors
-        shown = "; ".join(f"row {e.row}: {e.reason}" for e in errors[:5])
+        shown = "; ".join(
+            f"row {e.row}: {e.reason}" if e.row is not None else e.reason for e in errors[:5]
+        )
         more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
         super().__init__(f"{len(errors)} bad contact row(s): {shown}{more}")
 
@@ -104,9 +107,9 @@ def parse_contacts_json(
         try:
             items = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ContactsError([RowError(0, f"not JSON: {exc}")]) from None
+            raise ContactsError([RowError(None, f"not JSON: {exc}")]) from None
     if not isinstance(items, list):
-        raise ContactsError([RowError(0, 'contacts must be a JSON list of {"to", "vars"}')])
+        raise ContactsError([RowError(None, 'contacts must be a JSON list of {"to", "vars"}')])
     _check_count(len(items), limits)
     checker = _Checker(limits)
     for index, item in enumerate(items):
@@ -153,7 +156,7 @@ def parse_contacts_csv(data: bytes | str, limits: ContactLimits = ContactLimits(
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise ContactsError([RowError(0, f"not UTF-8: {exc}")]) from None
+            raise ContactsError([RowError(None, f"not UTF-8: {exc}")]) from None
     elif data.startswith("\ufeff"):
         data = data[1:]
     reader = csv.reader(io.StringIO(data, newline=""))
@@ -161,7 +164,7 @@ def parse_contacts_csv(data: bytes | str, limits: ContactLimits = ContactLimits(
         header = next(reader)
     except StopIteration:
         raise ContactsError(
-            [RowError(0, "empty CSV: a header row with a 'to' column is needed")]
+            [RowError(None, "empty CSV: a header row with a 'to' column is needed")]
         ) from None
     except csv.Error as exc:
         raise ContactsError([RowError(1, f"bad CSV: {exc}")]) from None
@@ -241,16 +244,16 @@ class _Checker:
         if self._errors:
             raise ContactsError(self._errors)
         if not self._contacts:
-            raise ContactsError([RowError(0, "no contacts")])
+            raise ContactsError([RowError(None, "no contacts")])
         return self._contacts
 
 
 def _check_size(data: bytes | str, limits: ContactLimits) -> None:
     size = len(data) if isinstance(data, bytes) else len(data.encode())
     if size > limits.max_bytes:
-        raise ContactsError([RowError(0, f"{size} bytes, at most {limits.max_bytes}")])
+        raise ContactsError([RowError(None, f"{size} bytes, at most {limits.max_bytes}")])
 
 
 def _check_count(count: int, limits: ContactLimits) -> None:
     if count > limits.max_contacts:
-        raise ContactsError([RowError(0, f"more than {limits.max_contacts} contacts")])
+        raise ContactsError([RowError(None, f"more than {limits.max_contacts} contacts")])

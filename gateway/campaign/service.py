@@ -112,7 +112,7 @@ def amd_config(settings: Mapping[str, str]) -> AmdConfig:
 
 def _whole_input(reason: str) -> ContactsError:
     """A refusal of the contacts as a whole (row 0, as ``parse_contacts_json`` reports it)."""
-    return ContactsError([RowError(0, reason)])
+    return ContactsError([RowError(None, reason)])
 
 
 def open_store(cfg: Config) -> CampaignStore:

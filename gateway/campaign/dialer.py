@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from gateway.agents.llm import fill
 from gateway.amd.detector import (
     AmdBeep,
     AmdConfig,
@@ -256,6 +257,16 @@ class _AmdOver:
 _Input = _Answered | _Ended | _AmdOver | AmdEvent | UtteranceFinished
 
 
+def voicemail_for_contact(spec: CampaignSpec, contact_vars: Mapping[str, str]) -> str | None:
+    """The voicemail text with ``{name}`` placeholders filled from the agent's vars and the
+    contact's over them (the agent's own templating, :func:`gateway.agents.llm.fill`)."""
+    if spec.voicemail is None:
+        return None
+    own = spec.agent.get("vars")
+    variables = {str(k): str(v) for k, v in own.items()} if isinstance(own, Mapping) else {}
+    return fill(spec.voicemail, {**variables, **contact_vars})
+
+
 def agent_for_contact(
     agent: Mapping[str, object], contact_vars: Mapping[str, str]
 ) -> dict[str, object]:
@@ -317,7 +328,9 @@ class _Attempt:
         spec = dialer.spec
         self.call = call
         self.core = AttemptCore(
-            amd=spec.amd, voicemail=spec.voicemail, ring_timeout_s=spec.ring_timeout_s
+            amd=spec.amd,
+            voicemail=voicemail_for_contact(spec, claim.contact.vars),
+            ring_timeout_s=spec.ring_timeout_s,
         )
         self.inbox: asyncio.Queue[_Input] = asyncio.Queue()
         self.amd: AmdOnCall | None = None

@@ -34,6 +34,7 @@ from gateway.campaign.dialer import (
     Phase,
     ReleaseAgent,
     agent_for_contact,
+    voicemail_for_contact,
 )
 from gateway.campaign.outcomes import Outcome
 from gateway.campaign.runner import DialResult
@@ -205,6 +206,18 @@ def test_contact_vars_reach_the_agents_that_take_them() -> None:
     stream = agent_for_contact({"kind": "stream", "parameters": {"a": "1"}}, vars_)
     assert stream["parameters"] == {"a": "1", "name": "Dana"}
     assert agent_for_contact({"kind": "llm"}, {}) == {"kind": "llm"}
+
+
+def test_voicemail_text_is_filled_from_the_vars() -> None:
+    spec = CampaignSpec(
+        agent={"kind": "llm", "vars": {"shop": "Acme", "name": "customer"}},
+        amd=True,
+        voicemail="Hi {name}, {shop} calling. {unknown} stays; so does {a.b}.",
+    )
+    assert voicemail_for_contact(spec, {"name": "Dana"}) == (
+        "Hi Dana, Acme calling. {unknown} stays; so does {a.b}."
+    )
+    assert voicemail_for_contact(CampaignSpec(agent={"kind": "ivr"}), {"name": "x"}) is None
 
 
 def test_e164_numbers_go_to_the_trunk() -> None:

@@ -148,5 +148,3 @@ class _WorkerCollector:
             ("voxgate_worker_request_stream_pending", "gauge"),
         ]  # fmt: skip
         return [Metric(name, "", typ) for name, typ in names]
-
-

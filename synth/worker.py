@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
-from synth.engines.base import Engine
+from synth.engines.base import Engine, StagedWarmup, WarmStep
 from synth.render import Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
 from voxgate.contract.bus.base import Bus, BusError, Delivery
@@ -31,6 +31,7 @@ from voxgate.contract.bus.schema import (
     ERR_ENGINE,
     ERR_UNKNOWN_VOICE,
     AudioChunk,
+    Profile,
     SpeakRequest,
     UtteranceEnd,
     UtteranceError,
@@ -42,6 +43,19 @@ log = logging.getLogger("voxgate.worker")
 # A request delivered this many times without an ack is poison (it keeps killing workers).
 MAX_DELIVERIES = 3
 HEARTBEAT_S = 2.0
+
+
+# Executor priority of background warm-up steps: below first chunks (0) and later ones (1).
+WARM_PRIORITY = 2
+# A background warm-up step starts only after this long without any utterance in flight (and
+# this long after ready): a request already waiting when the worker becomes ready, or a burst,
+# is served first; one arriving mid-step shares the CPU with that one step.
+WARM_IDLE_S = 0.2
+
+
+def _run_steps(steps: list[WarmStep]) -> None:
+    for step in steps:
+        step()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +106,7 @@ class Worker:
         whole: bool = False,
         on_stats: Callable[[UtteranceStats], None] | None = None,
         cache_bytes: int = 0,
+        background_warm: bool = True,
     ) -> None:
         self.bus = bus
         self.engine = engine
@@ -112,7 +127,14 @@ class Worker:
         self._active: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # delivery id -> its task
         self._slot_freed = asyncio.Event()
+        self._last_busy = 0.0  # monotonic time an utterance last started or ended
         self.ready = False
+        # Warm only what the first request needs before ready, the rest afterwards between
+        # requests (False: all of it before ready, as before issue 17).
+        self.background_warm = background_warm
+        self.fully_warm = asyncio.Event()  # set once the background warm-up has finished
+        self.warm_first_s = 0.0  # warm-up before ready, seconds
+        self.warm_rest_s = 0.0  # background warm-up, seconds of its steps
         self.voice_names = {"", getattr(engine, "voice", "")}
         # Errors answered on calls' streams by code, plus "bus" (a request left for a claim
         # because the bus failed): read by synth.metrics.
@@ -125,24 +147,79 @@ class Worker:
 
     # --- lifecycle ----------------------------------------------------------------------
     async def warmup(self) -> float:
-        """Warm every graph and chunk shape (engine and DSP) before announcing readiness."""
+        """Warm every graph and chunk shape (engine and DSP), all of it, now."""
+        first, rest = self._warm_plan()
         t0 = time.perf_counter()
-        await asyncio.to_thread(self._warm_sync)
+        await asyncio.to_thread(_run_steps, [*first, *rest])
         return time.perf_counter() - t0
 
-    def _warm_sync(self) -> None:
-        self.engine.warmup()
-        # Run the whole render path once too, so first-call costs in DSP/normalizer are paid.
-        for profile in ("narrowband", "wideband"):
-            r = Renderer(
-                self.engine,
-                ["Hello."],
-                profile,
-                eq_gain_db=self.eq_gain_db,  # type: ignore[arg-type]
-                wideband_rate=self.wideband_rate,
-            )
-            while r.step() is not None:
-                pass
+    def _warm_plan(self) -> tuple[list[WarmStep], list[WarmStep]]:
+        """Warm-up steps: (before ready, in the background after).
+
+        Before: the engine's first-request steps and one narrowband render of a short text, so
+        first-call costs in the text frontend (espeak's init), the DSP and the normalizer are
+        paid. After: the engine's other shapes and the wideband path. An engine that cannot
+        split its warm-up (``StagedWarmup``) is warmed whole before ready.
+        """
+        engine = self.engine
+        if isinstance(engine, StagedWarmup):
+            first, rest = engine.warmup_steps()
+        else:
+            first, rest = [engine.warmup], []
+        first.append(functools.partial(self._render_once, "narrowband"))
+        rest.append(functools.partial(self._render_once, "wideband"))
+        return first, rest
+
+    def _render_once(self, profile: Profile) -> None:
+        r = Renderer(
+            self.engine,
+            ["Hello."],
+            profile,
+            eq_gain_db=self.eq_gain_db,
+            wideband_rate=self.wideband_rate,
+        )
+        while r.step() is not None:
+            pass
+
+    async def _warm_in_background(self, steps: list[WarmStep], stop: asyncio.Event) -> None:
+        """Run ``steps`` one at a time on the executor, each once the worker has been idle for
+        ``WARM_IDLE_S``, at a priority below every utterance's: a request that arrives meanwhile
+        waits for no step (a step takes one pool thread of several) and shares the CPU with at
+        most one, never with a queue of them."""
+        t0 = time.perf_counter()
+        executor = self._executor
+        assert executor is not None
+        self._last_busy = time.monotonic()
+        for step in steps:
+            await self._idle(stop)
+            if stop.is_set():
+                return
+            t = time.perf_counter()
+            try:
+                await executor.submit(WARM_PRIORITY, step)
+            except Exception:  # a warm-up step failing must not take the worker down
+                log.exception("background warm-up step failed")
+            self.warm_rest_s += time.perf_counter() - t
+        self.fully_warm.set()
+        log.info(
+            "worker %s: background warm-up done (%.2f s of steps, %.2f s after ready)",
+            self.name,
+            self.warm_rest_s,
+            time.perf_counter() - t0,
+        )
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Return once no utterance has been in flight for ``WARM_IDLE_S`` (or on stop)."""
+        while not stop.is_set():
+            if self._active:
+                self._slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), 0.5)
+                continue
+            quiet = time.monotonic() - self._last_busy
+            if quiet >= WARM_IDLE_S:
+                return
+            await asyncio.sleep(WARM_IDLE_S - quiet)
 
     async def run(self, stop: asyncio.Event, *, warm: bool = True) -> None:
         """Serve until ``stop`` is set; then finish in-flight utterances and retire.
@@ -150,18 +227,31 @@ class Worker:
         ``warm=False`` skips warm-up for an engine the caller already warmed (benchmarks).
         """
         bind_log_context(worker=self.name)
+        rest: list[WarmStep] = []
         if warm:
-            await self.warmup()
+            first, rest = self._warm_plan()
+            if not self.background_warm:
+                first, rest = [*first, *rest], []
+            t0 = time.perf_counter()
+            await asyncio.to_thread(_run_steps, first)
+            self.warm_first_s = time.perf_counter() - t0
         self._executor = executor = PriorityExecutor(self._threads)
         self.ready = True
+        if not rest:
+            self.fully_warm.set()
         beat = asyncio.create_task(self._heartbeat_loop(stop))
         claim = asyncio.create_task(self._claim_loop(stop))
+        tasks = [beat, claim]
+        if rest:
+            tasks.append(asyncio.create_task(self._warm_in_background(rest, stop)))
         log.info(
-            "worker %s ready (engine=%s, voice=%s, concurrency=%d)",
+            "worker %s ready (engine=%s, voice=%s, concurrency=%d, warm-up %.2f s%s)",
             self.name,
             self.engine.name,
             self.engine.voice,
             self.concurrency,
+            self.warm_first_s,
+            ", the rest in the background" if rest else "",
         )
         try:
             while not stop.is_set():
@@ -181,7 +271,7 @@ class Worker:
                     self._spawn(d)
         finally:
             self.ready = False
-            for t in (beat, claim):
+            for t in tasks:
                 t.cancel()
             with contextlib.suppress(BusError):
                 await self.bus.retire(self.name)
@@ -194,12 +284,14 @@ class Worker:
         if delivery.id in self._in_flight:
             return  # already ours and in progress (claimed back from ourselves)
         task = asyncio.create_task(self._handle(delivery))
+        self._last_busy = time.monotonic()
         self._active.add(task)
         self._in_flight[delivery.id] = task
         task.add_done_callback(functools.partial(self._done, delivery_id=delivery.id))
 
     def _done(self, task: asyncio.Task[None], *, delivery_id: str) -> None:
         self._active.discard(task)
+        self._last_busy = time.monotonic()
         self._in_flight.pop(delivery_id, None)
         self._slot_freed.set()
 

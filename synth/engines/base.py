@@ -78,3 +78,18 @@ class Engine(Protocol):
     def synthesize(self, text: str) -> FloatArray:
         """One-shot twin of ``stream``: the whole utterance at once (the latency baseline)."""
         ...
+
+
+WarmStep = Callable[[], None]
+
+
+@runtime_checkable
+class StagedWarmup(Protocol):
+    """An engine whose warm-up splits into what the first request needs and the rest.
+
+    A worker runs ``first`` before it reports ready and ``rest`` in the background afterwards
+    (one step at a time, between requests), so a fresh worker takes calls within a second or
+    two instead of after the whole warm-up. Running both equals ``Engine.warmup``.
+    """
+
+    def warmup_steps(self) -> tuple[list[WarmStep], list[WarmStep]]: ...

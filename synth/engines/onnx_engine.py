@@ -17,8 +17,12 @@ points are found by graph structure (op types and dependencies), so other Piper 
 
 from __future__ import annotations
 
+import logging
+import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +30,23 @@ import numpy.typing as npt
 
 from synth.engines.backend import draw_noise
 from synth.engines.base import FloatArray
+from synth.engines.graph_cache import (
+    GraphCache,
+    GraphFile,
+    cache_key,
+    cpu_identity,
+    voice_sha256,
+)
 from synth.engines.streaming import StreamConfig, StreamingEngine
-from synth.engines.voice import Scales, Voice, VoiceError, find_conv_pre
+from synth.engines.voice import (
+    Scales,
+    Voice,
+    VoiceArch,
+    VoiceError,
+    find_conv_pre,
+)
+
+log = logging.getLogger("voxgate.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +249,30 @@ def split_piper_graph(model: Any) -> GraphSplit:
     )
 
 
-def make_session_options(threads: int) -> Any:
+_SPLIT_MODELS = ("front_a", "front_b", "decoder")
+
+
+def split_meta(split: GraphSplit) -> dict[str, Any]:
+    """The split's names and facts (everything but the graphs), JSON-able, for the cache."""
+    return {
+        name: list(value) if isinstance(value, tuple) else value
+        for name in GraphSplit.__slots__
+        if name not in _SPLIT_MODELS
+        for value in [getattr(split, name)]
+    }
+
+
+def split_from_meta(meta: dict[str, Any], models: dict[str, Any]) -> GraphSplit:
+    """Inverse of :func:`split_meta`, with the graphs given (``GraphFile`` from the cache)."""
+    fields: dict[str, Any] = {
+        name: tuple(value) if isinstance(value, list) else value for name, value in meta.items()
+    }
+    return GraphSplit(**models, **fields)
+
+
+def make_session_options(threads: int, *, optimized: bool = False, save_to: str = "") -> Any:
+    """Session options; ``optimized``: the graph was saved already optimised (from the graph
+    cache), so onnxruntime skips its passes; ``save_to``: write the optimised graph there."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -239,6 +281,10 @@ def make_session_options(threads: int) -> Any:
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3  # the split graphs carry unused initializers: not worth warnings
+    if optimized:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if save_to:
+        opts.optimized_model_filepath = save_to
     return opts
 
 
@@ -303,7 +349,19 @@ class OnnxBackend:
     """Front and decoder sessions of one voice (``Backend`` protocol). Thread-safe: sessions'
     ``run`` is, and no per-call state lives on the object."""
 
-    def __init__(self, voice: Voice, threads: int = 1, split: GraphSplit | None = None) -> None:
+    def __init__(
+        self,
+        voice: Voice,
+        threads: int = 1,
+        split: GraphSplit | None = None,
+        *,
+        save_dir: Path | None = None,
+        windowed_flow: bool | None = None,
+    ) -> None:
+        """``split``: graphs already split (``GraphFile`` ones from the graph cache are loaded
+        by path, already optimised); ``save_dir``: save each optimised graph there as
+        ``<name>.onnx`` (filling a cache entry); ``windowed_flow``: the self-check's verdict,
+        when known (cached), else it runs."""
         import onnxruntime as ort
 
         self.voice = voice
@@ -311,15 +369,20 @@ class OnnxBackend:
         self.sample_rate = voice.sample_rate
         self.hop_length = voice.hop_length
         self.latent_channels = voice.arch.latent_channels
-        opts = make_session_options(threads)
         providers = ["CPUExecutionProvider"]
 
-        def session(model: Any) -> Any:
+        def session(name: str) -> Any:
+            model = getattr(self.split, name)
+            save_to = str(save_dir / f"{name}.onnx") if save_dir is not None else ""
+            if isinstance(model, GraphFile):
+                opts = make_session_options(threads, optimized=True, save_to=save_to)
+                return ort.InferenceSession(str(model.path), opts, providers=providers)
+            opts = make_session_options(threads, save_to=save_to)
             return ort.InferenceSession(model.SerializeToString(), opts, providers=providers)
 
-        self._front_a = session(self.split.front_a)
-        self._front_b = session(self.split.front_b)
-        self._decoder = session(self.split.decoder)
+        self._front_a = session("front_a")
+        self._front_b = session("front_b")
+        self._decoder = session("decoder")
         self._front_a_outputs = [o.name for o in self._front_a.get_outputs()]
         self._front_a_inputs = {i.name for i in self._front_a.get_inputs()}
         self._front_b_inputs = [i.name for i in self._front_b.get_inputs()]
@@ -328,7 +391,9 @@ class OnnxBackend:
         self.decoder_shapes: set[tuple[int, ...]] = set()
         # Windowed flow only where the graph is purely convolutional in time (checked above)
         # and a numerical self-check agrees; else z is computed whole.
-        self.windowed_flow = self.split.flow_context >= 0 and self._flow_self_check()
+        if windowed_flow is None:
+            windowed_flow = self.split.flow_context >= 0 and self._flow_self_check()
+        self.windowed_flow = windowed_flow and self.split.flow_context >= 0
 
     def _front_feed(
         self, phoneme_ids: Sequence[int], scales: Scales, dp_noise: FloatArray
@@ -418,9 +483,90 @@ class OnnxEngine(StreamingEngine):
         scales: Scales | None = None,
         seed: int | None = None,
         config: StreamConfig | None = None,
+        cache: GraphCache | bool | None = True,
     ) -> None:
-        loaded = Voice.load(voice)
-        super().__init__(
-            OnnxBackend(loaded, threads), loaded, scales=scales, seed=seed, config=config
-        )
+        """``cache``: where the split, optimised graphs are kept between starts (``True``: the
+        default directory, :func:`default_cache_dir`; ``False``/``None``: split every time)."""
+        t0 = time.perf_counter()
+        if cache is True:
+            cache = GraphCache()
+        loaded, backend, how = load_backend(voice, threads, cache or None)
+        super().__init__(backend, loaded, scales=scales, seed=seed, config=config)
         self.voice = voice or loaded.name
+        self.load_s = time.perf_counter() - t0
+        self.load_how = how
+        log.info("onnx engine: voice %s %s in %.2f s", loaded.name, how, self.load_s)
+
+
+def load_backend(
+    voice: str, threads: int, cache: GraphCache | None
+) -> tuple[Voice, OnnxBackend, str]:
+    """Voice and backend, from the graph cache when it holds this voice's graphs (else split
+    and, with a cache, saved for next time). The string says which happened (for logs)."""
+    if cache is None:
+        loaded = Voice.load(voice)
+        return loaded, OnnxBackend(loaded, threads), "split (no cache)"
+    import onnxruntime as ort
+
+    model_path, _ = Voice.paths(voice)
+    if not model_path.is_file():
+        Voice.load(voice)  # raises VoiceNotFoundError with the full story
+    sha = voice_sha256(model_path, cache.root)
+    key = cache_key(sha, ort.__version__, cpu_identity(), "all")
+    entry = cache.lookup(key)
+    if entry is not None:
+        try:
+            meta = entry.meta
+            loaded = Voice.load(voice, arch=_arch_from_meta(meta["arch"]))
+            models = {name: GraphFile(entry.graph(name)) for name in _SPLIT_MODELS}
+            split = split_from_meta(meta["split"], models)
+            backend = OnnxBackend(loaded, threads, split, windowed_flow=bool(meta["windowed_flow"]))
+            return loaded, backend, f"loaded from the graph cache {entry.path}"
+        except VoiceError:
+            raise  # the voice's config, not the cache: splitting again would not help
+        except Exception as exc:  # onnxruntime's load errors share no base class
+            # A damaged file of the right size, or meta from a buggy writer: rebuild.
+            cache.discard(key, f"cannot load it: {type(exc).__name__}: {exc}")
+    loaded = Voice.load(voice)
+    split = split_piper_graph(loaded.model)
+    try:
+        staging: Path | None = cache.staging()
+    except OSError as exc:
+        log.warning("graph cache %s not writable (%s); graphs not cached", cache.root, exc)
+        staging = None
+    backend = OnnxBackend(loaded, threads, split, save_dir=staging)
+    if staging is None:
+        return loaded, backend, "split (cache not writable)"
+    meta = {
+        "voice": str(model_path),
+        "voice_sha256": sha,
+        "onnxruntime": ort.__version__,
+        "split": split_meta(split),
+        "arch": _arch_meta(loaded.arch),
+        "windowed_flow": backend.windowed_flow,
+    }
+    try:
+        cache.commit(staging, key, meta)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        log.warning("graph cache: cannot save %s (%s)", key, exc)
+        return loaded, backend, "split (cache write failed)"
+    return loaded, backend, "split and saved to the graph cache"
+
+
+def _arch_meta(arch: VoiceArch) -> dict[str, Any]:
+    return {
+        "latent_channels": arch.latent_channels,
+        "upsample_rates": list(arch.upsample_rates),
+        "upsample_initial_channel": arch.upsample_initial_channel,
+        "hidden_channels": arch.hidden_channels,
+    }
+
+
+def _arch_from_meta(meta: dict[str, Any]) -> VoiceArch:
+    return VoiceArch(
+        latent_channels=int(meta["latent_channels"]),
+        upsample_rates=tuple(int(r) for r in meta["upsample_rates"]),
+        upsample_initial_channel=int(meta["upsample_initial_channel"]),
+        hidden_channels=int(meta["hidden_channels"]),
+    )

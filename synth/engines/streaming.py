@@ -281,15 +281,51 @@ class StreamingEngine:
     def warmup(self) -> None:
         """Run zero inputs through the front and through the decoder at every window width the
         schedule uses, plus one long whole-sentence decode so the memory arena is grown."""
+        first, rest = self.warmup_steps()
+        for step in (*first, *rest):
+            step()
+
+    def warmup_steps(self) -> tuple[list[Callable[[], None]], list[Callable[[], None]]]:
+        """:meth:`warmup` in two lists of steps: what the first request needs (a short sentence
+        through the front, the decoder at the first chunk's windows), to run before a worker
+        reports ready, and the rest (the other widths twice, a long sentence through the front,
+        a long whole decode that grows the arena), small steps to run in the background after.
+
+        onnxruntime on a CPU compiles nothing per shape (a fresh width costs what a warmed one
+        does, measured), so the first list is about first-touch costs (arena, caches, lazily
+        built kernels) and stays short: the first request waits for nothing else.
+        """
         voice = self.loaded_voice
         ids = voice.phonemes_to_ids(list("həlˈoʊ wˈɜːld."))[0]
-        for repeat in (1, 8):  # a short and a long sentence through the front
-            self.backend.encode(ids * repeat, self.scales, np.random.default_rng(0))
         channels = self.backend.latent_channels
-        widths = [*self.config.warm_widths, 2 * max(self.config.window_widths)]
-        for width in widths:
-            for _ in range(2):  # the second run hits the warmed arena/caches
+        config = self.config
+        rng = np.random.default_rng
+
+        def encode(repeat: int) -> Callable[[], None]:
+            def run() -> None:
+                self.backend.encode(ids * repeat, self.scales, rng(0))
+
+            return run
+
+        def decode(width: int) -> Callable[[], None]:
+            def run() -> None:
                 self.backend.decode(np.zeros((channels, width), dtype=np.float32))
+
+            return run
+
+        # First chunk of an urgent request: its window at the sentence start (no left context)
+        # and the full one; a short sentence is decoded whole at its own length, about these.
+        head = config.step_size(0)
+        first_widths = sorted(
+            {head + config.right_context, head + config.left_context + config.right_context}
+        )
+        first = [encode(1), *(decode(w) for w in first_widths)]
+        # Each decode twice (the second run meets the grown arena), one run a step: a request
+        # that arrives during the background warm-up shares the CPU with at most one of them.
+        rest = [encode(8)]
+        for width in [*config.warm_widths, 2 * max(config.window_widths)]:
+            rest += [decode(width), decode(width)]
+        return first, rest
 
     def stream(
         self,

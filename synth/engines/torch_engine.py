@@ -306,10 +306,15 @@ class TorchEngine(StreamingEngine):
     def active_streams(self) -> int:
         return self._active
 
-    def warmup(self) -> None:
+    def warmup_steps(self) -> tuple[list[Callable[[], None]], list[Callable[[], None]]]:
         """Zero inputs through the encoder and every decoder window width (the shared streaming
-        warm-up), then, when batching, every batch size at every width."""
-        super().warmup()
+        warm-up), then, when batching, every batch size at every width: all of it before ready
+        (on CUDA the batch shapes are what the first requests meet, and this engine's start is
+        dominated by building the model, not by its warm-up)."""
+        first, rest = super().warmup_steps()
+        return [*first, *rest, self._warm_batches], []
+
+    def _warm_batches(self) -> None:
         batcher = self.torch_backend.batcher
         # On the CPU there is nothing shape-specific to prepare; on CUDA each new batch shape
         # would otherwise pay kernel selection and allocator growth on a live call.

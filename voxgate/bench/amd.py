@@ -18,6 +18,13 @@ Figures: accuracy (people → ``human``; machines → ``machine``; anything else
 confusion table, the decision time after the answer p50/p95 for people and for machines, and,
 for machines with a beep, how far the voicemail start (``amd.beep`` or ``amd.greeting_ended``)
 lies from the beep's true end.
+
+``--words`` runs the same greetings a second time with the jambonz word rule, as a live call
+with a recogniser runs it (:class:`gateway.amd.speech.AmdEars` segments, partial and final
+transcripts by the bundled Whisper, each reaching the detector once the media time has
+advanced by the recogniser's measured compute time; no recognition after the first decision),
+and reports both. ``--speech-dbfs``/``--noise-dbfs`` change the line: the word rule matters on
+quiet lines, where app_amd's fixed ``silence_threshold`` hears a greeting as silence.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from dsp.telephone import telephone
 from gateway.amd.commands import parse_settings
 from gateway.amd.detector import AmdConfig
 from gateway.amd.offline import Classification, classify
+from gateway.stt.base import SpeechToText
 from voxgate.bench.util import cpu_model, percentiles
 
 Int16Array = npt.NDArray[np.int16]
@@ -139,8 +147,9 @@ class Voices:
         return data.astype(np.float64) / 32768.0, sr
 
 
-def phone_speech(audio: Float64Array, rate: int) -> Float64Array:
-    """Through the telephone chain, trimmed of leading/trailing silence, at ``SPEECH_DBFS``."""
+def phone_speech(audio: Float64Array, rate: int, dbfs: float = SPEECH_DBFS) -> Float64Array:
+    """Through the telephone chain, trimmed of leading/trailing silence, at ``dbfs`` active
+    level."""
     x = np.asarray(telephone(audio, rate), np.float64)
     win = 160
     frames = x[: len(x) // win * win].reshape(-1, win)
@@ -150,7 +159,7 @@ def phone_speech(audio: Float64Array, rate: int) -> Float64Array:
     x = x[idx[0] * win : (idx[-1] + 1) * win] if len(idx) else x
     active = frames[levels > levels.max() * 10 ** (-30 / 20)]
     level = float(np.sqrt(np.mean(active**2))) if len(active) else 1.0
-    return x * (10 ** (SPEECH_DBFS / 20) / max(level, 1e-9))
+    return x * (10 ** (dbfs / 20) / max(level, 1e-9))
 
 
 def tone(freq: float, ms: int, dbfs: float) -> Float64Array:
@@ -165,7 +174,15 @@ def silence(ms: int) -> Float64Array:
     return np.zeros(RATE * ms // 1000)
 
 
-def make_greetings(people: int, machines: int, seed: int = 1, piper: bool = True) -> list[Greeting]:
+def make_greetings(
+    people: int,
+    machines: int,
+    seed: int = 1,
+    piper: bool = True,
+    *,
+    speech_dbfs: float = SPEECH_DBFS,
+    noise_dbfs: float = NOISE_DBFS,
+) -> list[Greeting]:
     """``people`` + ``machines`` greetings, deterministic for a seed (voices cycle)."""
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
@@ -180,7 +197,7 @@ def make_greetings(people: int, machines: int, seed: int = 1, piper: bool = True
     for truth, text, i in specs:
         voice = names[(i + (i // len(names))) % len(names)]
         noise = i % 2 == 1
-        speech = phone_speech(*voices.speak(text, voice))
+        speech = phone_speech(*voices.speak(text, voice), speech_dbfs)
         beep_hz: float | None = None
         beep_end: int | None = None
         if truth == "human":
@@ -197,7 +214,7 @@ def make_greetings(people: int, machines: int, seed: int = 1, piper: bool = True
             parts.append(silence(3000))
         x = np.concatenate(parts)
         if noise:
-            x = x + nrng.normal(0.0, 10 ** (NOISE_DBFS / 20), len(x))
+            x = x + nrng.normal(0.0, 10 ** (noise_dbfs / 20), len(x))
         pcm = ulaw_decode(ulaw_encode(float_to_s16(x)))
         out.append(
             Greeting(truth, text, voice, noise, beep_hz, beep_end, len(speech) * 1000 // RATE, pcm)
@@ -205,10 +222,13 @@ def make_greetings(people: int, machines: int, seed: int = 1, piper: bool = True
     return out
 
 
-def evaluate(greetings: Sequence[Greeting], config: AmdConfig) -> dict[str, Any]:
-    """Classify each greeting; accuracy, confusion table, decision times, per-greeting rows."""
+def evaluate(
+    greetings: Sequence[Greeting], config: AmdConfig, stt: SpeechToText | None = None
+) -> dict[str, Any]:
+    """Classify each greeting (with the word rule when ``stt`` is given); accuracy, confusion
+    table, decision times, per-greeting rows."""
     results: list[tuple[Greeting, Classification]] = [
-        (g, classify(g.pcm, config)) for g in greetings
+        (g, classify(g.pcm, config, stt)) for g in greetings
     ]
     columns = ("human", "machine", "no_speech", "decision_timeout", "undecided")
     confusion = {t: {c: 0 for c in columns} for t in ("human", "machine")}
@@ -234,6 +254,7 @@ def evaluate(greetings: Sequence[Greeting], config: AmdConfig) -> dict[str, Any]
                 "cause": c.cause,
                 "decision_ms": c.decision_ms,
                 "voicemail_from_ms": c.voicemail_from_ms,
+                "recognitions": c.recognitions,
             }
         )
     correct = sum(1 for g, c in results if c.result == g.truth)
@@ -247,6 +268,9 @@ def evaluate(greetings: Sequence[Greeting], config: AmdConfig) -> dict[str, Any]
         "decision_ms": {k: percentiles(v) for k, v in times.items()},
         "beeps": {"n": len(beeps), "heard": beeps_heard},
         "voicemail_start_minus_beep_end_ms": percentiles(beep_err),
+        "words": stt is not None,
+        "recognitions": sum(c.recognitions for _, c in results),
+        "stt_s": round(sum(c.stt_s for _, c in results), 2),
         "rows": rows,
     }
 
@@ -260,8 +284,8 @@ def conditions(args: argparse.Namespace, config: AmdConfig) -> dict[str, Any]:
         "machines": args.machines,
         "seed": args.seed,
         "voices": Voices(not args.no_piper).available(),
-        "speech_dbfs": SPEECH_DBFS,
-        "noise_dbfs": NOISE_DBFS,
+        "speech_dbfs": args.speech_dbfs,
+        "noise_dbfs": args.noise_dbfs,
         "beep_dbfs": BEEP_DBFS,
         "path": "telephone chain 8 kHz, mu-law round trip",
         "amd_config": {
@@ -270,9 +294,26 @@ def conditions(args: argparse.Namespace, config: AmdConfig) -> dict[str, Any]:
     }
 
 
-def format_report(res: dict[str, Any], cond: dict[str, Any]) -> str:
+def format_report(res: dict[str, Any] | list[dict[str, Any]], cond: dict[str, Any]) -> str:
+    """Results of :func:`evaluate` (a list: without and with the word rule) as text."""
+    runs: list[dict[str, Any]] = res if isinstance(res, list) else [res]
+    lines = [line for r in runs for line in (*_format_run(r), "")]
+    lines.append(
+        "run conditions: " + json.dumps({k: v for k, v in cond.items() if k != "amd_config"})
+    )
+    lines.append("amd config: " + json.dumps(cond["amd_config"]))
+    return "\n".join(lines)
+
+
+def _format_run(res: dict[str, Any]) -> list[str]:
+    how = (
+        f"heuristic + beep + word rule ({res['recognitions']} recognitions, "
+        f"{res['stt_s']:.1f} s recogniser CPU)"
+        if res.get("words")
+        else "heuristic + beep"
+    )
     lines = [
-        f"AMD on {res['n']} generated greetings: {res['correct']}/{res['n']} correct "
+        f"AMD on {res['n']} generated greetings, {how}: {res['correct']}/{res['n']} correct "
         f"({100 * res['accuracy']:.1f} %, goal >= 95 %)",
         "",
         "confusion (rows: truth; columns: verdict)",
@@ -303,12 +344,7 @@ def format_report(res: dict[str, Any], cond: dict[str, Any]) -> str:
                 f"  {r['truth']:>7} -> {r['result']} ({r['cause']} at {r['decision_ms']} ms): "
                 f"{r['text'][:40]!r} [{r['voice']}{', noise' if r['noise'] else ''}]"
             )
-    lines.append("")
-    lines.append(
-        "run conditions: " + json.dumps({k: v for k, v in cond.items() if k != "amd_config"})
-    )
-    lines.append("amd config: " + json.dumps(cond["amd_config"]))
-    return "\n".join(lines)
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,6 +358,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--machines", type=int, default=24, help="voicemail greetings (default 24)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-piper", action="store_true", help="espeak-ng voices only")
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="also run with the word rule (the bundled Whisper recogniser) and report both",
+    )
+    p.add_argument(
+        "--speech-dbfs",
+        type=float,
+        default=SPEECH_DBFS,
+        help=f"speech active level (default {SPEECH_DBFS:g}; a quiet line: -43)",
+    )
+    p.add_argument(
+        "--noise-dbfs",
+        type=float,
+        default=NOISE_DBFS,
+        help=f"background noise RMS on every other greeting (default {NOISE_DBFS:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--set",
@@ -339,15 +392,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"voxgate bench amd: {exc}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    greetings = make_greetings(args.people, args.machines, args.seed, piper=not args.no_piper)
+    stt: SpeechToText | None = None
+    if args.words:
+        from gateway.stt.whisper import SttUnavailable, WhisperStt
+
+        try:
+            stt = WhisperStt()
+        except SttUnavailable as exc:
+            print(f"voxgate bench amd: --words: {exc}", file=sys.stderr)
+            return 2
+    greetings = make_greetings(
+        args.people, args.machines, args.seed, piper=not args.no_piper,
+        speech_dbfs=args.speech_dbfs, noise_dbfs=args.noise_dbfs,
+    )  # fmt: skip
     t1 = time.perf_counter()
     res = evaluate(greetings, config)
     t2 = time.perf_counter()
     cond = conditions(args, config)
     cond["generate_s"] = round(t1 - t0, 2)
     cond["classify_s"] = round(t2 - t1, 2)
+    out: dict[str, Any] = {"results": res}
+    if stt is not None:
+        out["words"] = evaluate(greetings, config, stt)
+        cond["stt"] = stt.name
+        cond["classify_words_s"] = round(time.perf_counter() - t2, 2)
     if args.json:
-        print(json.dumps({"results": res, "conditions": cond}, indent=2))
+        print(json.dumps({**out, "conditions": cond}, indent=2))
+    elif "words" in out:
+        print(format_report([out["results"], out["words"]], cond))
     else:
         print(format_report(res, cond))
     return 0

@@ -18,7 +18,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,15 @@ async def gw(engine: Engine, tmp_path: Path) -> AsyncIterator[LocalGateway]:
 
 
 @pytest.fixture
-def sipp(tmp_path: Path) -> Iterator[Sipp]:
+async def sipp(tmp_path: Path) -> AsyncIterator[Sipp]:
     need("sipp")
     runner = Sipp(tmp_path)
     try:
         yield runner
     finally:
         runner.close()
+        for proc in runner.procs:  # reaped in this loop, not by a finaliser after it closed
+            await proc.wait()
 
 
 _ENTRY = re.compile(
@@ -178,3 +180,36 @@ async def test_pacing_concurrency_retries_and_trunk_hold_at_the_callee(
     for c in records["held"]["contacts"]:
         assert c["outcome"] == "failed"
         assert c["attempts"][0]["sip_status"] == 503
+
+
+async def test_e164_contacts_are_dialled_through_the_trunk(
+    engine: Engine, sipp: Sipp, tmp_path: Path
+) -> None:
+    trunk_port = free_port()
+    _, tag = await sipp.start(
+        str(FIXTURES / "answer_hangup.xml"), target=None, sip_port=trunk_port,
+        args=["-d", "500"], timeout_s=60,
+    )  # fmt: skip
+    lo, hi = port_block(20)
+    overrides = {
+        "gateway.rtp_port_min": lo,
+        "gateway.rtp_port_max": hi,
+        "gateway.trunk": f"sip:127.0.0.1:{trunk_port}",
+        "campaign.db": str(tmp_path / "campaigns.sqlite"),
+    }
+    await asyncio.sleep(0.3)
+    async with local_gateway(engine, name="trunk", overrides=overrides) as local:
+        body = {
+            "id": "numbers", "agent": {"kind": "ivr"}, "cps": 10, "max_concurrent": 2,
+            "contacts": [{"to": "+1 (415) 555-0100"}, {"to": "+44 20 7946 0958"}],
+        }  # fmt: skip
+        await _api(local, "POST", "/api/campaigns", body)
+        record = await _done(local, "numbers")
+    assert record["totals"]["outcomes"] == {"human": 2}
+    lines = [line for _, way, line, _ in trace(tmp_path / f"{tag}.msg") if way == "received"]
+    uris = sorted({line.split()[1] for line in lines if line.startswith("INVITE ")})
+    # RFC 3261 §19.1.6: a telephone number as the user part at the trunk, user=phone.
+    assert uris == [
+        f"sip:+14155550100@127.0.0.1:{trunk_port};user=phone",
+        f"sip:+442079460958@127.0.0.1:{trunk_port};user=phone",
+    ]

@@ -18,7 +18,6 @@ import itertools
 import json
 import re
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from synth.engines import load_engine
 from synth.engines.base import Engine
-from tests.interop.conftest import Sipp, free_port, need, port_block
+from tests.interop.conftest import Sipp, free_port, port_block
 from voxgate.bench.campaign import peak_overlap
 from voxgate.bench.localgw import LocalGateway, local_gateway
 
@@ -38,35 +36,6 @@ FIXTURES = Path(__file__).resolve().parents[2] / "sip-fixtures" / "campaign"
 # A dial is timed when its contact is claimed; the INVITE leaves a few store calls later, so two
 # INVITEs may come closer than 1/cps by that much on a busy box (never on average).
 SEND_JITTER_S = 0.06
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return load_engine("onnx")
-
-
-@pytest.fixture
-async def gw(engine: Engine, tmp_path: Path) -> AsyncIterator[LocalGateway]:
-    lo, hi = port_block(100)
-    overrides = {
-        "gateway.rtp_port_min": lo,
-        "gateway.rtp_port_max": hi,
-        "campaign.db": str(tmp_path / "campaigns.sqlite"),
-    }
-    async with local_gateway(engine, name="campaign", overrides=overrides) as local:
-        yield local
-
-
-@pytest.fixture
-async def sipp(tmp_path: Path) -> AsyncIterator[Sipp]:
-    need("sipp")
-    runner = Sipp(tmp_path)
-    try:
-        yield runner
-    finally:
-        runner.close()
-        for proc in runner.procs:  # reaped in this loop, not by a finaliser after it closed
-            await proc.wait()
 
 
 _ENTRY = re.compile(

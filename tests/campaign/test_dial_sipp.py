@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,9 @@ from gateway.campaign.runner import DialResult
 from gateway.campaign.spec import CampaignSpec
 from gateway.campaign.store import Claim
 from gateway.stt.base import to_stt_rate
-from synth.engines import load_engine
-from synth.engines.base import Engine
 from tests.campaign import audio
-from tests.interop.conftest import Sipp, SippResult, free_port, need, port_block
-from voxgate.bench.localgw import LocalGateway, local_gateway
+from tests.interop.conftest import Sipp, SippResult, free_port
+from voxgate.bench.localgw import LocalGateway
 from voxgate.bench.sipclient import RtpPeer, rms
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
@@ -43,29 +40,6 @@ pytestmark = [pytest.mark.interop, pytest.mark.slow]
 FIXTURES = Path(__file__).resolve().parents[2] / "sip-fixtures" / "campaign"
 VOICEMAIL = "Hello Dana, this is Acme Dental reminding you of your appointment tomorrow at ten."
 SPEECH_RMS = 300.0  # a 20 ms frame of synthesised speech is far above this; held silence is 0
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return load_engine("onnx")
-
-
-@pytest.fixture
-async def gw(engine: Engine) -> AsyncIterator[LocalGateway]:
-    lo, hi = port_block(100)
-    overrides = {"gateway.rtp_port_min": lo, "gateway.rtp_port_max": hi}
-    async with local_gateway(engine, name="dialer", overrides=overrides) as local:
-        yield local
-
-
-@pytest.fixture
-def sipp(tmp_path: Path) -> Iterator[Sipp]:
-    need("sipp")
-    runner = Sipp(tmp_path)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 class Events:

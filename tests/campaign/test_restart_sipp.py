@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,22 +175,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.close()
 
 
-@pytest.fixture
-async def uas(tmp_path: Path) -> AsyncIterator[Sipp]:
-    s = Sipp(tmp_path)
-    yield s
-    s.close()
-    for proc in s.procs:  # reaped in this loop, not by a finaliser after it closed
-        await proc.wait()
-
-
 async def test_two_gateways_share_a_campaign_and_call_nobody_twice(
-    cluster: Cluster, uas: Sipp, tmp_path: Path
+    cluster: Cluster, sipp: Sipp, tmp_path: Path
 ) -> None:
     a = cluster.gateway("gw-a")
     b = cluster.gateway("gw-b")
     port = free_port()
-    proc, tag = await uas.start(
+    proc, tag = await sipp.start(
         str(UAS), target=None, sip_port=port, args=["-d", "1000"], timeout_s=300
     )
     n = 20
@@ -216,11 +207,11 @@ async def test_two_gateways_share_a_campaign_and_call_nobody_twice(
 
 
 async def test_a_gateway_killed_mid_campaign_resumes_and_calls_nobody_twice(
-    cluster: Cluster, uas: Sipp, tmp_path: Path
+    cluster: Cluster, sipp: Sipp, tmp_path: Path
 ) -> None:
     g1 = cluster.gateway("gw-restart")
     port = free_port()
-    _, tag = await uas.start(
+    _, tag = await sipp.start(
         str(UAS), target=None, sip_port=port, args=["-d", "3000"], timeout_s=300
     )
     n = 16

@@ -66,6 +66,10 @@ class Gateway:
         # Outbound campaigns (gateway.campaign.service): their store is opened in start().
         self.campaigns = CampaignService(cfg, self.manager)
         self.metrics.watch_campaigns(self.campaigns.in_flight)
+        self.metrics.watch_sip(self.ua.limits.refused_counts, self._sip_transactions)
+
+    def _sip_transactions(self) -> int:
+        return self.ua.layer.transaction_count
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when the bus answers and at least one warmed-up worker is serving (asked now;

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import re
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -41,6 +41,7 @@ from gateway.call.control import (
 from gateway.call.manager import CallManager
 from gateway.campaign.outcomes import Outcome
 from gateway.media.recording import ERROR_CODES as RECORDING_ERROR_CODES
+from gateway.sip.limits import REASONS as SIP_REFUSAL_REASONS
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
 
@@ -221,6 +222,9 @@ class GatewayMetrics:
         self._lag: float | None = None
         self._pending: float | None = None
         self._refreshers: list[Callable[[], Awaitable[None]]] = [self._refresh_bus]
+        # The SIP user agent's admission state (gateway.sip.limits), read at scrape time.
+        self._sip_refused: Callable[[], Mapping[str, int]] | None = None
+        self._sip_transactions: Callable[[], int] | None = None
         r.register(_LiveCollector(self))
         r.register(_RecordingCollector(manager))
         manager.on_forget.append(self._on_forget)
@@ -247,6 +251,13 @@ class GatewayMetrics:
         """Read the campaign calls up now from ``in_flight`` at each scrape
         (``CampaignService.in_flight``)."""
         self.campaign_in_flight.set_function(lambda: float(in_flight()))
+
+    def watch_sip(
+        self, refused: Callable[[], Mapping[str, int]], transactions: Callable[[], int]
+    ) -> None:
+        """Read the SIP requests refused so far, by reason, and the transactions held now at
+        each scrape (``SourceLimits.refused_counts``, ``TransactionLayer.transaction_count``)."""
+        self._sip_refused, self._sip_transactions = refused, transactions
 
     def add_refresher(self, refresh: Callable[[], Awaitable[None]]) -> None:
         """Run ``refresh`` before each scrape (e.g. an embedded worker's metrics)."""
@@ -403,6 +414,22 @@ class GatewayMetrics:
             "Deepest inbound jitter buffer among the calls up now",
             value=max(depths, default=0.0),
         )
+        if self._sip_refused is not None and self._sip_transactions is not None:
+            refused = self._sip_refused()
+            c = CounterMetricFamily(
+                "voxgate_sip_requests_refused",
+                "New SIP requests refused before any transaction (503 or dropped), by reason: "
+                "rate (per-source token bucket), calls (per-source cap), lockout (failed "
+                "authentication), table (max_transactions)",
+                labels=["reason"],
+            )
+            for reason in sorted(set(SIP_REFUSAL_REASONS) | set(refused)):
+                c.add_metric([reason], float(refused.get(reason, 0)))
+            yield c
+            yield GaugeMetricFamily(
+                "voxgate_sip_transactions", "SIP transactions held now (client and server)",
+                value=self._sip_transactions(),
+            )  # fmt: skip
         if self._lag is not None and self._pending is not None:
             yield GaugeMetricFamily(
                 "voxgate_synth_request_stream_lag",
@@ -458,6 +485,7 @@ class _LiveCollector:
             ("voxgate_jitter_buffer_depth_max_seconds", "gauge"),
             ("voxgate_synth_request_stream_lag", "gauge"),
             ("voxgate_synth_request_stream_pending", "gauge"),
+            ("voxgate_sip_requests_refused", "counter"), ("voxgate_sip_transactions", "gauge"),
         ]  # fmt: skip
         return [Metric(name, "", typ) for name, typ in names]
 

@@ -2,20 +2,23 @@
 
 The one place where both sides meet: the gateway (:mod:`gateway.app`) and the worker
 (:mod:`synth.app`) each know only the contract (:mod:`voxgate.contract`).
+
+Both sides are imported inside the functions, not at the top: :mod:`voxgate.cli` imports this
+module to register ``serve``, and every other command (``voxgate worker`` above all, whose
+spawn-to-ready is budgeted at 2 s) would otherwise pay ~0.4 s for the gateway's imports.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
-from gateway.app import Companion, Gateway, run_gateway
-from synth.app import build_engine, build_worker
-from synth.metrics import WorkerMetrics
-from synth.worker import Worker
 from voxgate.contract.config import Config, SubParsers, add_config_arguments, load_from_args
-from voxgate.contract.logs import setup_logging
-from voxgate.contract.runtime import run
+
+if TYPE_CHECKING:
+    from gateway.app import Companion, Gateway
+    from synth.worker import Worker
 
 
 def register(sub: SubParsers) -> None:
@@ -26,6 +29,8 @@ def register(sub: SubParsers) -> None:
 
 def attach_worker(gw: Gateway, worker: Worker) -> None:
     """An in-process worker: its metrics go on the gateway's /metrics too."""
+    from synth.metrics import WorkerMetrics
+
     gw.metrics.add_refresher(WorkerMetrics(worker, registry=gw.metrics.registry).refresh)
 
 
@@ -33,6 +38,8 @@ def embedded_worker(cfg: Config) -> Companion:
     """The companion that ``run_gateway`` starts beside the gateway: a worker on its bus."""
 
     async def start(gw: Gateway, stop: asyncio.Event) -> asyncio.Task[None]:
+        from synth.app import build_engine, build_worker
+
         engine = await asyncio.to_thread(build_engine, cfg)
         worker = build_worker(cfg, gw.bus, engine)
         attach_worker(gw, worker)
@@ -42,6 +49,10 @@ def embedded_worker(cfg: Config) -> Companion:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.app import run_gateway
+    from voxgate.contract.logs import setup_logging
+    from voxgate.contract.runtime import run
+
     cfg = load_from_args(args)
     setup_logging(cfg.log.level, cfg.log.format)
     cfg.bus.kind = "memory"

@@ -14,7 +14,11 @@ What it does on its own, so that every TU gets it right:
 - answers a merged request 482 (§8.2.2.2);
 - answers an unparseable request statelessly with the parser's status (400/416/505...);
 - matches the ACK for a 2xx to the INVITE server transaction and stops the 2xx
-  retransmissions (§13.3.1.4).
+  retransmissions (§13.3.1.4);
+- asks its ``limits`` (``gateway.sip.limits``) before it parses a datagram from a source
+  that is over its rate, and before it creates a server transaction for a new request, and
+  answers a refused one statelessly (503 + Retry-After, §8.2.6 and §21.5.4) or drops it: a
+  flood costs microseconds per request and never a transaction.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from gateway.sip.events import (
 )
 from gateway.sip.fields import MAGIC_COOKIE, Via
 from gateway.sip.headers import Headers
-from gateway.sip.helpers import error_response, generate_branch, make_response
+from gateway.sip.helpers import error_response, generate_branch, generate_tag, make_response
+from gateway.sip.limits import Refusal, SourceLimits, peek_method
 from gateway.sip.message import Address, Request, Response, is_keepalive, parse, partial_request
 from gateway.sip.syntax import split_top_level
 from gateway.sip.transaction import (
@@ -89,9 +94,16 @@ def response_address(via: Via, source: Address) -> Address:
 
 
 class TransactionLayer:
-    def __init__(self, config: TimerConfig | None = None, *, auto_trying: bool = True) -> None:
+    def __init__(
+        self,
+        config: TimerConfig | None = None,
+        *,
+        auto_trying: bool = True,
+        limits: SourceLimits | None = None,
+    ) -> None:
         self.config = config or TimerConfig()
         self.auto_trying = auto_trying
+        self.limits = limits
         self._transactions: dict[str, Transaction] = {}
         # (Call-ID, CSeq number, From tag, To tag) of INVITE server transactions that sent a
         # 2xx, to find them from the ACK (which has its own branch, §13.2.2.4).
@@ -99,6 +111,11 @@ class TransactionLayer:
         # (From tag, Call-ID, CSeq) of live server transactions, for §8.2.2.2.
         self._merge: dict[tuple[str, str, str], str] = {}
         self._events: deque[SipEvent] = deque()
+        # get_timer()'s answer, recomputed only after something could have moved a deadline:
+        # a shed or refused request touches no transaction, and the adapter asks for the timer
+        # after every datagram, so a flood must not pay a walk over the whole table each time.
+        self._timer_at: float | None = None
+        self._timer_stale = True
 
     # --- the aioquic-style surface ----------------------------------------------------------
 
@@ -106,10 +123,16 @@ class TransactionLayer:
         return self._events.popleft() if self._events else None
 
     def get_timer(self) -> float | None:
-        deadlines = [d for t in self._transactions.values() if (d := t.next_deadline()) is not None]
-        return min(deadlines, default=None)
+        if self._timer_stale:
+            deadlines = [
+                d for t in self._transactions.values() if (d := t.next_deadline()) is not None
+            ]
+            self._timer_at = min(deadlines, default=None)
+            self._timer_stale = False
+        return self._timer_at
 
     def handle_timer(self, now: float) -> None:
+        self._timer_stale = True
         while True:
             due = [
                 (deadline, name, txn)
@@ -137,12 +160,14 @@ class TransactionLayer:
         if isinstance(data, bytes):
             if is_keepalive(data):
                 return
+            if self.limits is not None and self._shed(data, addr, now, reliable):
+                return
             try:
                 data = parse(data)
             except SipParseError as exc:
                 data = exc
         if isinstance(data, SipParseError):
-            self._malformed(data, addr, reliable)
+            self._malformed(data, addr, reliable)  # touches no transaction
         elif isinstance(data, Request):
             try:
                 self._receive_request(data, addr, now, reliable)
@@ -150,6 +175,7 @@ class TransactionLayer:
                 exc.message = data
                 self._malformed(exc, addr, reliable)
         else:
+            self._timer_stale = True
             self._receive_response(data, addr, now)
 
     def send_request(
@@ -159,6 +185,7 @@ class TransactionLayer:
         top Via with the local sent-by; a fresh branch is put in if it has none. Not for ACK:
         the ACK for a 2xx goes with ``send_stateless`` (§13.2.2.4), the one for a non-2xx is
         sent by the transaction itself."""
+        self._timer_stale = True
         if request.method == "ACK":
             raise ValueError("ACK is not sent in a client transaction; use send_stateless")
         vias = request.headers.values("Via")
@@ -180,6 +207,7 @@ class TransactionLayer:
 
     def send_response(self, transaction_id: str, response: Response, now: float) -> None:
         """Send ``response`` through server transaction ``transaction_id``."""
+        self._timer_stale = True
         txn = self._transactions.get(transaction_id)
         if not isinstance(txn, ServerTransaction):
             raise KeyError(f"no server transaction {transaction_id}")
@@ -198,6 +226,7 @@ class TransactionLayer:
 
     def transport_error(self, addr: Address, now: float) -> None:
         """The transport could not reach ``addr`` (ICMP error, connection failure)."""
+        self._timer_stale = True
         for txn in list(self._transactions.values()):
             if txn.addr == addr:
                 txn.fire(Input.TRANSPORT_ERROR, now)
@@ -208,6 +237,11 @@ class TransactionLayer:
 
     def transaction(self, transaction_id: str) -> Transaction | None:
         return self._transactions.get(transaction_id)
+
+    @property
+    def transaction_count(self) -> int:
+        """Transactions held now, client and server (what ``max_transactions`` bounds)."""
+        return len(self._transactions)
 
     # --- internals used by the transactions --------------------------------------------------
 
@@ -248,12 +282,25 @@ class TransactionLayer:
         self._stamp_via(request, via, addr)
         txn = self._transactions.get(key)
         if request.method == "ACK":
+            self._timer_stale = True
             self._receive_ack(request, txn, addr, now)
             return
         if txn is not None:
+            self._timer_stale = True
             txn.fire(Input.RECV_REQUEST, now, request)  # a retransmission
             return
         dest = addr if reliable else response_address(request.top_via, addr)
+        if self.limits is not None:
+            refusal = self.limits.check(
+                addr[0], request.method, new_dialog=request.to_addr.tag is None, now=now,
+                transactions=len(self._transactions),
+            )  # fmt: skip
+            if refusal is not None:
+                if not refusal.drop:
+                    # To the packet's source, like a shed one (see _shed).
+                    self._transmit(bytes(self._refusal_response(request, refusal)), addr, reliable)
+                return
+        self._timer_stale = True
         cls = InviteServerTransaction if request.method == "INVITE" else NonInviteServerTransaction
         new: ServerTransaction = cls(self, key, request, dest, reliable)
         self._transactions[key] = new
@@ -324,6 +371,31 @@ class TransactionLayer:
             inp = Input.RECV_FINAL
         txn.fire(inp, now, response)
 
+    def _shed(self, data: bytes, addr: Address, now: float, reliable: bool) -> bool:
+        """Refuse a datagram from a source over its limit before parsing it (True: done)."""
+        assert self.limits is not None
+        method = peek_method(data)
+        if method is None:
+            return False
+        refusal = self.limits.shed(addr[0], method, now)
+        if refusal is None:
+            return False
+        if not refusal.drop:
+            reply = quick_refusal(data, refusal)
+            if reply is not None:
+                # To the packet's source, whatever its Via says (RFC 3581 §4 style): a refusal
+                # is never reflected at a third party named in a forged Via.
+                self._transmit(reply, addr, reliable)
+        return True
+
+    @staticmethod
+    def _refusal_response(request: Request, refusal: Refusal) -> Response:
+        """503 + Retry-After outside any transaction (§8.2.6; §8.2.6.2: with a To tag)."""
+        return make_response(
+            request, 503, to_tag=generate_tag(),
+            headers=[("Retry-After", str(refusal.retry_after_s))],
+        )  # fmt: skip
+
     @staticmethod
     def _merge_key(request: Request) -> tuple[str, str, str] | None:
         if request.to_addr.tag is not None:
@@ -350,6 +422,34 @@ class TransactionLayer:
         rest = [v.strip() for v in split_top_level(items[first][1], ",")[1:]]
         items[first] = ("Via", ", ".join([str(new), *rest]))
         request.headers = Headers(items)
+
+
+# Header fields a response copies (§8.2.6.2), with their compact forms (§7.3.3).
+_COPIED = {"via": "Via", "v": "Via", "from": "From", "f": "From", "to": "To", "t": "To",
+           "call-id": "Call-ID", "i": "Call-ID", "cseq": "CSeq"}  # fmt: skip
+
+
+def quick_refusal(data: bytes, refusal: Refusal) -> bytes | None:
+    """A 503 + Retry-After for a request datagram built from its header lines as text, without
+    parsing or validating them (§8.2.6.2: Via, From, To with a tag added, Call-ID, CSeq); None
+    when a field it needs is missing (the datagram is dropped)."""
+    head = data.split(b"\n\r\n", 1)[0].split(b"\n\n", 1)[0].decode("utf-8", "surrogateescape")
+    fields: list[tuple[str, str]] = []
+    for line in head.split("\n")[1:]:
+        name, colon, value = line.rstrip("\r").partition(":")
+        canonical = _COPIED.get(name.strip().lower()) if colon else None
+        if canonical is not None:
+            fields.append((canonical, value.strip()))
+    names = {name for name, _ in fields}
+    if names != {"Via", "From", "To", "Call-ID", "CSeq"}:
+        return None
+    lines = ["SIP/2.0 503 Service Unavailable"]
+    for name, value in fields:
+        if name == "To" and ";tag=" not in value.lower().replace(" ", ""):
+            value = f"{value};tag={generate_tag()}"
+        lines.append(f"{name}: {value}")
+    lines += [f"Retry-After: {refusal.retry_after_s}", "Content-Length: 0", "", ""]
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
 def _as_invite(cancel: Request) -> Request:

@@ -7,26 +7,40 @@ lazily so the gateway side never pays for onnxruntime or torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from synth.engines.base import Engine, EngineChunk, EngineError, WordMark
+
+if TYPE_CHECKING:
+    from synth.engines.graph_cache import GraphCache
 
 __all__ = ["ENGINE_NAMES", "Engine", "EngineChunk", "EngineError", "WordMark", "load_engine"]
 
 ENGINE_NAMES = ("onnx", "torch")
 
 
-def load_engine(name: str, voice: str = "", device: str = "cpu", threads: int = 1) -> Engine:
+def load_engine(
+    name: str,
+    voice: str = "",
+    device: str = "cpu",
+    threads: int = 1,
+    *,
+    cache: GraphCache | bool | None = True,
+) -> Engine:
     """Build the engine called ``name`` for ``voice`` (``""``: the bundled joe-medium).
 
     ``device`` only matters for torch (``"cpu"``, ``"cuda"``, ``"cuda:N"``); the onnx engine runs
     on the CPU and refuses anything else rather than silently ignoring it. ``threads``: intra-op
-    threads (0: the runtime's default).
+    threads (0: the runtime's default). ``cache``: the onnx engine's graph cache
+    (:mod:`synth.engines.graph_cache`; ``True``: the default directory, ``False``/``None``:
+    none); torch builds its model from the voice's weights and has nothing to cache.
     """
     if name == "onnx":
         if device != "cpu":
             raise EngineError(f"engine 'onnx' runs on the CPU only, not {device!r}; use 'torch'")
         from synth.engines.onnx_engine import OnnxEngine
 
-        return OnnxEngine(voice, threads)
+        return OnnxEngine(voice, threads, cache=cache)
     if name == "torch":
         from synth.engines.torch_engine import TorchEngine
 

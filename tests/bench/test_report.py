@@ -175,6 +175,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
 
     monkeypatch.setattr(voxgate.bench.calls, "run_bench", calls)
     monkeypatch.setattr(voxgate.bench.bargein, "run_bench", bargein)
+
     def webrtc(opts: Any) -> dict[str, Any]:
         seen["webrtc"].append(opts)
         return fake_webrtc_result(opts)
@@ -446,3 +447,35 @@ def test_png_check_rejects_a_blank_figure(tmp_path: Path) -> None:
     (tmp_path / "not.png").write_bytes(b"GIF89a" + bytes(5000))
     with pytest.raises(AssertionError):
         assert_valid_png(tmp_path / "not.png")
+
+
+def test_cold_start_table_in_the_synth_section() -> None:
+    """bench synth's cold start (issue 17) reaches the Markdown, not just the JSON: spawn →
+    ready p50/p95 and the first request's TTFA for each mode, with the 2 s verdict."""
+    from voxgate.bench.synth import COLD_MODES, COLD_TARGET_S
+
+    ready = {"old: split, full warm-up": [6.4, 6.6, 7.1], "new: cache cold": [4.2, 4.4, 4.9],
+             "new: cache warm": [1.41, 1.45, 2.31]}  # fmt: skip
+    assert set(ready) == set(COLD_MODES)  # the names bench synth measures
+    modes = {
+        name: {"start_to_ready_s": _pct(v), "ttfa_first_ms": _pct([95.0, 110.0, 180.0])}
+        for name, v in ready.items()
+    }
+    cold = {
+        "conditions": {"cpu": "Test CPU", "loadavg_1m_at_start": 0.8, "runs_per_mode": 3},
+        "modes": modes,
+        "target_s": COLD_TARGET_S,
+        "pass": False,
+    }
+    synth = {"conditions": {"cpu": "Test CPU", "cores": 2}, "cold_start": cold}
+    host = {"generated": "now", "cpu": "Test CPU", "cores": 2, "platform": "test"}
+    stage = bench_report.StageResult("synth", "ok", 1.0, synth)
+    md = bench_report.render_markdown([stage], host, 1.0, ["bench", "all"])
+    assert "Worker cold start, spawn → ready (3 fresh processes a mode" in md
+    assert "| new: cache warm | 1.45 | 2.31 | 110 | 180 |" in md
+    assert "| old: split, full warm-up | 6.60 | 7.10 | 110 | 180 |" in md
+    assert "| cache-warm spawn → ready p95 ≤ 2 s | 2.31 | **MISSED** |" in md
+    # Without a cold start (another engine, or none measured) there is no table.
+    del synth["cold_start"]
+    md = bench_report.render_markdown([stage], host, 1.0, ["bench", "all"])
+    assert "Worker cold start" not in md

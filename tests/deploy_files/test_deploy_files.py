@@ -1492,3 +1492,64 @@ def test_readme_cluster_note_matches_key_layout() -> None:
     tagged = all(re.search(r"\{[^}]+\}", k) for k in keys)
     readme = (DEPLOY / "README.md").read_text()
     assert ("no hash tags" in readme) != tagged, keys
+
+
+# --- the worker's graph cache (synth.graph_cache_dir, issue 17) ---------------------------------
+
+
+def _under(path: str, root: str) -> bool:
+    return Path(path).is_absolute() and Path(path).is_relative_to(root)
+
+
+def k8s_graph_cache_problems(objs: Sequence[dict[str, Any]]) -> list[str]:
+    """The onnx worker's graph cache must sit on a writable, non-config volume: the root
+    filesystem is read-only, so a cache anywhere else is not written (~3 s more at every
+    start)."""
+    worker = _object(objs, "Deployment", "voxgate-worker", "test")
+    pod = _pod_spec(worker)
+    c = pod["containers"][0]
+    cache = k8s_effective(worker, c, objs).cfg.synth.graph_cache_dir
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    for m in c.get("volumeMounts") or []:
+        vol = volumes[m["name"]]
+        if _under(cache, m["mountPath"]) and not m.get("readOnly"):
+            if "emptyDir" in vol or "persistentVolumeClaim" in vol:
+                return []
+            return [f"graph cache {cache} is on volume {m['name']}, not an emptyDir or PVC"]
+    return [f"graph cache {cache!r} is on no writable volume"]
+
+
+def test_k8s_worker_graph_cache_is_on_a_pod_volume() -> None:
+    objs = k8s_objects(K8S / "overlays" / "cpu-workers")
+    assert k8s_graph_cache_problems(objs) == []
+    # The check looks: the same Deployment without the mount is caught.
+    worker = _object(objs, "Deployment", "voxgate-worker", "test")
+    c = _pod_spec(worker)["containers"][0]
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "graph-cache"]
+    assert k8s_graph_cache_problems(objs) == [
+        "graph cache '/var/cache/voxgate/onnx' is on no writable volume"
+    ]
+
+
+def test_compose_workers_share_a_named_graph_cache_volume() -> None:
+    doc = load_yaml_docs(COMPOSE)[0]
+    svc = doc["services"]["worker"]
+    cache = compose_effective("worker", svc).cfg.synth.graph_cache_dir
+    named = [v.split(":") for v in svc.get("volumes") or []]
+    hits = [src for src, dst, *_ in named if _under(cache, dst)]
+    assert hits and all(src in (doc.get("volumes") or {}) for src in hits), (cache, named)
+
+
+def test_systemd_workers_share_one_cache_directory() -> None:
+    unit = parse_unit(SYSTEMD / "voxgate-worker@.service")
+    env: dict[str, str] = {}
+    for line in unit.get("Service", "Environment"):
+        env |= dict(w.partition("=")[::2] for w in shlex.split(_specifiers(line)))
+    eff = effective_config(["worker"], env, "unit", "systemd")
+    cache = eff.cfg.synth.graph_cache_dir
+    dirs = " ".join(unit.get("Service", "CacheDirectory")).split()
+    shared = [d for d in dirs if "%i" not in d and _under(cache, f"{SPECIFIERS['%C']}/{d}")]
+    assert shared, (cache, dirs)  # on a CacheDirectory= every instance names, not a per-%i one
+    # DynamicUser without a shared User= would give each instance its own UID (and systemd
+    # would chown the shared directory back and forth between them).
+    assert unit.one("Service", "DynamicUser") == "yes" and unit.one("Service", "User")

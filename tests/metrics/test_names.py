@@ -49,6 +49,8 @@ GATEWAY = {
     "voxgate_campaign_answered": "counter",
     "voxgate_campaign_outcome": "counter",
     "voxgate_campaign_in_flight": "gauge",
+    "voxgate_sip_requests_refused": "counter",
+    "voxgate_sip_transactions": "gauge",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",
@@ -98,7 +100,7 @@ async def test_names_follow_conventions(metrics_gateway: MetricsGateway) -> None
     for family in families.values():
         for s in family.samples:
             for key, value in s.labels.items():
-                assert key in {"leg", "outcome", "code", "le"}, (family.name, key)
+                assert key in {"leg", "outcome", "code", "reason", "le"}, (family.name, key)
                 assert len(value) < 24, (family.name, key, value)
 
 

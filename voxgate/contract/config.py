@@ -76,6 +76,11 @@ class SynthConfig:
     wideband_rate: int = 48000
     # Finished renderings kept for repeated prompts (greetings, menus), in MiB; 0 disables.
     cache_mb: int = 64
+    # The onnx engine's split, optimised graphs, kept between starts so a worker is ready in
+    # about a second (synth.engines.graph_cache). Empty: $XDG_CACHE_HOME/voxgate/onnx, else
+    # ~/.cache/voxgate/onnx; "off": split the voice's graph at every start (~3 s more). A
+    # directory that cannot be created is a warning at start and no cache, not an error.
+    graph_cache_dir: str = ""
 
     def validate(self) -> None:
         _choice("synth.engine", self.engine, ("onnx", "torch"))
@@ -96,6 +101,13 @@ class SynthConfig:
         _choice("synth.wideband_rate", self.wideband_rate, (16000, 48000))
         if self.cache_mb < 0:
             raise ConfigError(f"synth.cache_mb: must be >= 0, got {self.cache_mb}")
+        if self.graph_cache_dir != self.graph_cache_dir.strip() or "\x00" in self.graph_cache_dir:
+            # A path with stray spaces is almost always a quoting slip (and "off " would
+            # silently become a directory called that).
+            raise ConfigError(
+                "synth.graph_cache_dir: leading/trailing whitespace or NUL in "
+                f"{self.graph_cache_dir!r}"
+            )
 
 
 @dataclass
@@ -110,6 +122,9 @@ class WorkerConfig:
     # /metrics (Prometheus). Empty disables it. `voxgate serve` shows worker metrics on the
     # gateway's /metrics instead.
     http_listen: str = "127.0.0.1:9091"
+    # Warm only what the first request needs before reporting ready, the rest in the
+    # background at low priority (ready ~1 s sooner). false: all of the warm-up before ready.
+    warm_background: bool = True
 
     def validate(self) -> None:
         _positive("worker.claim_idle_ms", self.claim_idle_ms)
@@ -150,6 +165,29 @@ class GatewayConfig:
     # unless this is set; then the gateway places the referred call itself and reports its
     # progress in NOTIFYs.
     accept_refer: bool = False
+    # Floods and abuse (gateway.sip.limits): per source IP, token buckets for new INVITE,
+    # REGISTER and OPTIONS requests (rate a second, burst; rate 0: no limit). The defaults let
+    # one trunk or PBX carry a busy call centre (50 calls/s, 100 at once); loopback is not
+    # exempt. Over a limit: "reject" (503 + Retry-After) or "drop" (silence, nothing reflected).
+    limit_action: str = "reject"
+    limit_retry_after_s: int = 5
+    limit_invite_rate: float = 50.0
+    limit_invite_burst: int = 100
+    limit_register_rate: float = 20.0
+    limit_register_burst: int = 40
+    limit_options_rate: float = 20.0
+    limit_options_burst: int = 40
+    # Calls one source may have up at once; 0: only max_calls (a trunk brings every call from
+    # one address).
+    limit_calls_per_source: int = 0
+    # Failed authentications from one source within the window that lock it out; 0: never.
+    limit_auth_failures: int = 10
+    limit_auth_window_s: float = 60.0
+    limit_lockout_s: float = 300.0
+    # Sources remembered by the limit tables (least recently seen forgotten first).
+    limit_sources: int = 10000
+    # SIP transactions held at once; a new request beyond it is refused like a rate limit.
+    max_transactions: int = 8192
 
     def validate(self) -> None:
         for key, value in (
@@ -176,6 +214,24 @@ class GatewayConfig:
             raise ConfigError(
                 f"gateway.unready_wait_ms: must be 0-60000, got {self.unready_wait_ms}"
             )
+        _choice("gateway.limit_action", self.limit_action, ("reject", "drop"))
+        if not 0 <= self.limit_retry_after_s <= 3600:
+            raise ConfigError(
+                f"gateway.limit_retry_after_s: must be 0-3600, got {self.limit_retry_after_s}"
+            )
+        for name in ("invite", "register", "options"):
+            rate, burst = getattr(self, f"limit_{name}_rate"), getattr(self, f"limit_{name}_burst")
+            if rate < 0:
+                raise ConfigError(f"gateway.limit_{name}_rate: must be >= 0, got {rate}")
+            if rate > 0:
+                _positive(f"gateway.limit_{name}_burst", burst)
+        for key in ("limit_calls_per_source", "limit_auth_failures"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"gateway.{key}: must be >= 0, got {getattr(self, key)}")
+        _positive("gateway.limit_auth_window_s", self.limit_auth_window_s)
+        _positive("gateway.limit_lockout_s", self.limit_lockout_s)
+        _positive("gateway.limit_sources", self.limit_sources)
+        _positive("gateway.max_transactions", self.max_transactions)
 
 
 @dataclass

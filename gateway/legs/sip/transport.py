@@ -30,6 +30,11 @@ log = logging.getLogger("voxgate.sip")
 # RFC 3261 §18.1.1: over 1300 bytes a request should go over a congestion-controlled
 # transport; the gateway's own messages stay far below that, so UDP is used for what it sends.
 MAX_TCP_MESSAGE = 65535
+# TCP connections held at once, and from one source IP: the connection table is bounded like
+# the transaction table (gateway.sip.limits); one beyond is closed at once. A trunk or phone
+# needs one connection (§18: requests reuse it), a PBX a few.
+MAX_TCP_CONNECTIONS = 1024
+MAX_TCP_PER_SOURCE = 32
 
 
 class _Udp(asyncio.DatagramProtocol):
@@ -55,6 +60,9 @@ class SipTransport:
         self._timer_at: float | None = None
         self.host = ""
         self.port = 0
+        self.max_tcp_connections = MAX_TCP_CONNECTIONS
+        self.max_tcp_per_source = MAX_TCP_PER_SOURCE
+        self.tcp_refused = 0
 
     async def listen(self, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -84,6 +92,17 @@ class SipTransport:
     async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         addr: Address = (peer[0], peer[1])
+        if len(self._conns) >= self.max_tcp_connections or (
+            sum(1 for a in self._conns if a[0] == addr[0]) >= self.max_tcp_per_source
+        ):
+            self.tcp_refused += 1
+            if self.tcp_refused in (1, 10, 100, 1000, 10000):  # a handful of lines in a flood
+                log.warning("SIP TCP connection from %s closed: connection limit (%d so far)",
+                            addr[0], self.tcp_refused)  # fmt: skip
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
         self._conns[addr] = writer
         framer = StreamFramer(max_message_size=MAX_TCP_MESSAGE)
         try:

@@ -5,7 +5,10 @@ SDP answer; ACK starts the agent; BYE → 200; CANCEL → 487; OPTIONS → 200 w
 re-INVITE → new answer (hold/unhold); INFO with DTMF → 200; 481 for requests in no dialog;
 405 (with Allow) for other methods; 503 with Retry-After above the call limit, and to OPTIONS
 and INVITE while no warmed-up worker serves (``gateway.readiness``); 400 for a bad SDP and 488
-when no codec is common (RFC 3264 §6).
+when no codec is common (RFC 3264 §6). New requests meet the per-source limits first
+(``gateway.sip.limits``: rate, calls per source, lockout, transaction table): the UA hands its
+``SourceLimits`` to the transaction layer, which refuses before it keeps any state, and counts
+each inbound call against its source while it is up.
 UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
 (RFC 8760), CANCEL while ringing, BYE once up.
 Transfer (RFC 3515): ``SipLeg.refer`` sends an in-dialog REFER and follows its implicit
@@ -64,6 +67,7 @@ from gateway.sip import (
     parse_uri,
     uas_dialog_id,
 )
+from gateway.sip.limits import LimitSettings, SourceLimits
 from gateway.sip.message import Address
 from gateway.sip.reasons import reason_phrase
 from gateway.sip.refer import (
@@ -79,6 +83,7 @@ from gateway.sip.refer import (
     decline_refer,
     refer_target,
 )
+from gateway.sip.transaction import State
 from voxgate.contract.config import GatewayConfig, parse_hostport
 from voxgate.contract.dtmf import is_dtmf_key
 
@@ -116,6 +121,8 @@ class SipLeg:
     # Our REFER under way (we transfer the far end), and a REFER of theirs we act on.
     referral: Referral | None = None
     referee_task: asyncio.Task[None] | None = None
+    # The source IP this inbound call counts against (gateway.sip.limits), until it ends.
+    counted_source: str | None = None
 
     # --- Leg protocol --------------------------------------------------------------------
     async def hangup(self, reason: str) -> None:
@@ -129,7 +136,10 @@ class SipLeg:
             await self.end(reason)
             return
         if self.call.info.direction == "inbound" and not self.answered and self.invite_tid:
-            self.ua.transport.send_response(self.invite_tid, make_response(self.invite, 480))
+            if self.ua.layer.transaction_state(self.invite_tid) is State.PROCEEDING:
+                self.ua.transport.send_response(self.invite_tid, make_response(self.invite, 480))
+            # Otherwise our 2xx is out and its ACK not in (a caller that never ACKs, a flood):
+            # no final response may follow it, and §15 allows no BYE before the ACK.
             await self.end(reason)
             return
         if self.dialog is not None:
@@ -176,6 +186,9 @@ class SipLeg:
             self.endpoint.close()
         if self.dialog is not None:
             self.ua.dialogs.pop(self.dialog.id, None)
+        if self.counted_source is not None:
+            self.ua.limits.call_ended(self.counted_source)
+            self.counted_source = None
         if self.call.info.direction == "outbound" and self.invite_tid is not None:
             # Keep the client INVITE a while for 2xx retransmissions (and a 2xx crossing our
             # CANCEL), then forget it: Timer M's 64*T1 (RFC 6026 §8.4).
@@ -248,7 +261,8 @@ class SipUA:
         self.readiness = readiness
         self.manager = manager
         self.ticker = ticker
-        self.layer = TransactionLayer()
+        self.limits = SourceLimits(LimitSettings.from_config(cfg))
+        self.layer = TransactionLayer(limits=self.limits)
         self.transport: SipTransport
         self.dialogs: dict[object, SipLeg] = {}
         self.legs: set[SipLeg] = set()
@@ -380,6 +394,25 @@ class SipUA:
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
             )
             return
+        source = addr[0]
+        if not self.limits.call_admitted(source):
+            # INVITEs admitted together before any became a call: the cap holds here.
+            refusal = self.limits.refuse_call(source)
+            self._respond(tid, make_response(
+                req, 503, headers=[("Retry-After", str(refusal.retry_after_s))]))  # fmt: skip
+            return
+        # Count the call against its source now, not once it exists: the awaits on the way
+        # let other INVITEs from the same source in. Its leg takes the count over.
+        self.limits.call_started(source)
+        leg: SipLeg | None = None
+        try:
+            leg = await self._set_up_inbound(req, tid, addr)
+        finally:
+            if leg is None:
+                self.limits.call_ended(source)
+
+    async def _set_up_inbound(self, req: Request, tid: str, addr: Address) -> SipLeg | None:
+        """Answer a new INVITE; the leg it created (which counts against its source), if any."""
         # §13.2.1: an INVITE without a body (late offer, common from PBXs and trunks) gets
         # our offer in the 200; the caller's answer comes in the ACK.
         offer: sdp.SessionDescription | None = None
@@ -388,7 +421,7 @@ class SipUA:
                 offer = sdp.parse(req.body)
             except sdp.SdpError as exc:
                 self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
-                return
+                return None
         local_ip = self.local_address(addr[0])
         try:
             endpoint = await RtpEndpoint.open(
@@ -399,7 +432,7 @@ class SipUA:
             self._respond(
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
             )
-            return
+            return None
         params: sdp.MediaParams | None = None
         try:
             if offer is None:
@@ -411,7 +444,7 @@ class SipUA:
             endpoint.close()
             self._respond(tid, make_response(req, 488, headers=[
                 ("Warning", f'305 voxgate "{exc}"'[:200])]))  # fmt: skip
-            return
+            return None
         try:
             call = self.manager.new_call("sip", "inbound", str(req.from_addr.uri), str(req.uri))
         except Unavailable:
@@ -419,10 +452,11 @@ class SipUA:
             self._respond(
                 tid, make_response(req, 503, headers=[("Retry-After", str(RETRY_AFTER_S))])
             )
-            return
+            return None
         leg = SipLeg(self, call, req, addr, local_ip, endpoint=endpoint, local_tag=generate_tag(),
                      invite_tid=tid, local_sdp=answer)  # fmt: skip
         call.leg = leg
+        leg.counted_source = addr[0]
         self.legs.add(leg)
         self.pending_invites[tid] = leg
         if params is not None:
@@ -434,7 +468,7 @@ class SipUA:
             self.pending_invites.pop(tid, None)
             self._respond(tid, make_response(req, 400, str(exc)[:120]))
             await leg.end("bad request")
-            return
+            return leg
         self.dialogs[leg.dialog.id] = leg
         if self.answer_delay_s > 0:
             self._respond(
@@ -442,12 +476,13 @@ class SipUA:
             )
             await asyncio.sleep(self.answer_delay_s)
             if leg.ended:
-                return
+                return leg
         ok = make_dialog_response(
             req, 200, to_tag=leg.local_tag, contact=contact, body=bytes(answer),
             headers=[("Content-Type", "application/sdp"), ("Allow", ALLOW)],
         )  # fmt: skip
         self._respond(tid, ok)
+        return leg
 
     def _start_media(self, leg: SipLeg, params: sdp.MediaParams) -> None:
         """Negotiation done: configure RTP, let the pacer pull the call's audio, start pacing

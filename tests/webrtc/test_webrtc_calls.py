@@ -80,10 +80,10 @@ async def test_hostile_data_channel_messages_do_not_hurt_the_call(engine: Engine
         call_id = await client.connect()
         other_id = await other.connect()
         await client.wait_audio()
-        client.channel.send(b"\x00\xff binary")
+        client.send_raw(b"\x00\xff binary")
         client.send({"type": "dtmf", "digit": "1" * 10})
-        client.channel.send("x" * 10_000)
-        client.channel.send("{not json")
+        client.send_raw("x" * 10_000)
+        client.send_raw("{not json")
         client.send({"type": "dtmf"})
         client.send({"type": "dtmf", "digit": "5", "duration_ms": "long"})
         for _ in range(500):
@@ -157,7 +157,8 @@ async def test_caller_speech_stops_the_agent(engine: Engine) -> None:
         after = client.heard.rms_since(t)
         assert after < greeting_rms / 30, (after, greeting_rms)
         finished = [
-            e for e in call.history
+            e
+            for e in call.history
             if isinstance(e, UtteranceFinished) and e.outcome == "interrupted"
         ]
         assert finished and finished[0].heard  # which words the caller heard

@@ -90,6 +90,8 @@ class Heard:
     frames: list[npt.NDArray[np.int16]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     first_audio_at: float | None = None
+    # The first decoded frame at all (silent or not), out of aiortc's jitter buffer.
+    first_frame_at: float | None = None
 
     def pcm(self) -> npt.NDArray[np.int16]:
         return np.concatenate(self.frames) if self.frames else np.zeros(0, dtype=np.int16)
@@ -110,6 +112,7 @@ class WebRtcClient:
         token: str | None = None,
         audio_threshold: int = 300,
         codec: str | None = None,
+        datachannel: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.codec = codec  # offer only this codec ("PCMU", ...); None: aiortc's list
@@ -121,15 +124,22 @@ class WebRtcClient:
         self.messages: list[dict[str, Any]] = []
         self.call_id: str | None = None
         self.t_start = 0.0
+        # Phase times (monotonic) for the first-audio bench: the peer connection "connected"
+        # (ICE + DTLS) and the first SRTP packet of the agent's audio decrypted at the receiver.
+        self.connected_at: float | None = None
+        self.first_rtp_at: float | None = None
         self._opened = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.channel = self.pc.createDataChannel("control")
-        self.channel.on("open", self._opened.set)
-        self.channel.on("message", self._on_message)
+        # Without a data channel (a bare audio client) there is no "open" to wait for.
+        self.channel = self.pc.createDataChannel("control") if datachannel else None
+        if self.channel is not None:
+            self.channel.on("open", self._opened.set)
+            self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_state)
 
     async def connect(self, timeout: float = 15.0) -> str:
-        """Offer, answer, and wait until the data channel is open; returns the call id."""
+        """Offer, answer, and wait until the data channel (if any) is open; returns the call id."""
         self.t_start = time.monotonic()
         self.pc.addTrack(self.mic)
         if self.codec is not None:
@@ -144,7 +154,8 @@ class WebRtcClient:
         await self.pc.setRemoteDescription(
             RTCSessionDescription(sdp=str(body["sdp"]), type="answer")
         )
-        await asyncio.wait_for(self._opened.wait(), timeout)
+        if self.channel is not None:
+            await asyncio.wait_for(self._opened.wait(), timeout)
         return self.call_id
 
     async def post_offer(self, sdp: str, **extra: object) -> tuple[int, dict[str, Any]]:
@@ -183,7 +194,13 @@ class WebRtcClient:
             await asyncio.sleep(0.01)
 
     def send(self, msg: dict[str, object]) -> None:
-        self.channel.send(json.dumps(msg))
+        self.send_raw(json.dumps(msg))
+
+    def send_raw(self, data: str | bytes) -> None:
+        """Anything on the data channel, as a page could send it (the tests' hostile input)."""
+        if self.channel is None:
+            raise RuntimeError("this client has no data channel")
+        self.channel.send(data)
 
     def press(self, digit: str) -> None:
         self.send({"type": "dtmf", "digit": digit, "duration_ms": 100})
@@ -205,7 +222,12 @@ class WebRtcClient:
             if isinstance(msg, dict):
                 self.messages.append(msg)
 
+    def _on_state(self) -> None:
+        if self.pc.connectionState == "connected" and self.connected_at is None:
+            self.connected_at = time.monotonic()
+
     def _on_track(self, track: MediaStreamTrack) -> None:
+        self._watch_rtp()
         task = asyncio.get_running_loop().create_task(self._read(track))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -217,6 +239,8 @@ class WebRtcClient:
                 if not isinstance(frame, av.AudioFrame):
                     continue
                 now = time.monotonic()
+                if self.heard.first_frame_at is None:
+                    self.heard.first_frame_at = now
                 data = frame.to_ndarray().reshape(-1)
                 channels = len(frame.layout.channels)
                 if channels > 1:
@@ -226,3 +250,18 @@ class WebRtcClient:
                 self.heard.times.append(now)
                 if self.heard.first_audio_at is None and int(np.abs(pcm).max()) > self.threshold:
                     self.heard.first_audio_at = now
+
+    def _watch_rtp(self) -> None:
+        """Stamp the first RTP packet to reach the audio receiver (before its jitter buffer and
+        decoder): a bench probe on aiortc's receiver, skipped if aiortc's internals change."""
+        receiver = next((t.receiver for t in self.pc.getTransceivers() if t.kind == "audio"), None)
+        handle = getattr(receiver, "_handle_rtp_packet", None)
+        if receiver is None or handle is None:
+            return
+
+        async def stamped(packet: Any, arrival_time_ms: int) -> None:
+            if self.first_rtp_at is None:
+                self.first_rtp_at = time.monotonic()
+            await handle(packet, arrival_time_ms=arrival_time_ms)
+
+        receiver._handle_rtp_packet = stamped  # type: ignore[method-assign]

@@ -65,6 +65,9 @@ NEAR_BACKLOG = 3
 NEAR_MAX = 25
 # Data channel messages from the page are tiny; a flood is cut off.
 MAX_MESSAGE = 4096
+# Cancelling the agent's synthesis at hang-up is one small write per utterance; a bus that does
+# not answer within this does not hold up the rest of the teardown.
+CANCEL_TIMEOUT_S = 2.0
 
 
 def ice_configuration(cfg: WebrtcConfig) -> RTCConfiguration:
@@ -343,6 +346,7 @@ class WebRtcLeg:
         self._closing = True
         log.info("webrtc call %s ending: %s", self.call.id, reason)
         self.track.stop()
+        await self.cancel_synthesis()
         await self.call.ended(reason)
         with contextlib.suppress(Exception):
             await self.pc.close()
@@ -351,6 +355,27 @@ class WebRtcLeg:
                 task.cancel()
         if self.on_close is not None:
             self.on_close(self)
+
+    async def cancel_synthesis(self) -> None:
+        """Tell the worker to stop rendering what this call will never play, before the call
+        ends (issue 17). ``Call.ended`` only spawns its cancels as tasks and then cancels the
+        call's tasks; on a bus whose calls do not suspend (the embedded memory bus) they never
+        ran, so a caller who hung up mid-greeting left the worker rendering the whole greeting
+        for nobody, and the next call's first chunk queued behind it: 0.5–4 s of silence
+        before its greeting in one call of three, when calls come one after another. Awaited
+        here, the cancel marker is set before anything else of the call is torn down; the
+        worker drops the utterance at its next chunk boundary."""
+        utterances = self.call.playout.pending_ids()
+        if not utterances:
+            return
+        bus = self.call.manager.bus
+        try:
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                for utterance_id in utterances:
+                    await bus.cancel(utterance_id)
+        except Exception as exc:  # BusError, timeout: the call still ends; the worker's
+            # own deadline ends the rendering.
+            log.warning("webrtc call %s: synthesis not cancelled: %r", self.call.id, exc)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"webrtc-{name}-{self.call.id}")

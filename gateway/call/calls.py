@@ -719,7 +719,8 @@ class Call:
             f"no audio from any worker within {timeout:g} s",
         )
         self._on_playout(self.playout.on_message(error))
-        self._spawn(self._cancel(utterance_id))  # a worker that turns up later skips it
+        # A worker that turns up later skips it.
+        self._spawn(self._cancel(utterance_id), name="cancel")
 
     def interrupt(self, *, clear_queue: bool = True) -> None:
         """Stop the agent now: fade out (10 ms), drop queued audio, cancel it on the worker."""
@@ -744,7 +745,12 @@ class Call:
         with contextlib.suppress(BusError):
             await self.manager.bus.drop_call(self.id)
         for task in list(self._tasks):
-            if task is not asyncio.current_task() and not task.get_name().startswith("agent"):
+            # The agent finishes on its own (on_end); the worker cancels of what this call
+            # will never play must reach the bus: cancelled here, before a bus that does not
+            # suspend (the embedded memory bus) ever ran them, the worker rendered a hung-up
+            # caller's whole greeting and the next call's first chunk queued behind it.
+            name = task.get_name()
+            if task is not asyncio.current_task() and not name.startswith(("agent", "cancel")):
                 task.cancel()
         if self.bridge is not None:
             # Either side hanging up ends both.
@@ -809,7 +815,7 @@ class Call:
                 raw = self._raw.pop(ev.utterance_id, None)
                 # Raw audio (play_audio) has no synthesis to cancel on a worker.
                 if raw is None and ev.outcome in ("interrupted", "cancelled"):
-                    self._spawn(self._cancel(ev.utterance_id))
+                    self._spawn(self._cancel(ev.utterance_id), name="cancel")
                 self.emit(UtteranceFinished(
                     self.id, utterance_id=ev.utterance_id, outcome=ev.outcome,
                     heard=" ".join(ev.heard), error=ev.error,

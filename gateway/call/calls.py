@@ -178,6 +178,8 @@ class Call:
         if settings is not None and settings.enabled:
             config = BargeInConfig.from_settings(settings, rate)
             self.detector = BargeInDetector(bank=manager.detector_bank(config))
+        # Onsets before this media position (the call's first inbound samples) never barge in.
+        self._guard_samples = settings.start_guard_ms * rate // 1000 if settings else 0
         self._staged = False  # frames staged on the detector, waiting for the batch
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self.media = MediaCoupling(rate, keep_far=self.detector is not None)
@@ -689,6 +691,8 @@ class Call:
                 self.emit(SpeechStopped(self.id, duration_ms=int(duration)))
 
     def _barge_in(self, onset: int, decision: int) -> None:
+        if onset < self._guard_samples:
+            return  # a microphone opening, not a caller talking (bargein.start_guard_ms)
         current = self.playout.current
         u = self.utterances.get(current)
         if current is None or not self.playout.speaking or (u is not None and not u.barge_in):

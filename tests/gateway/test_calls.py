@@ -25,10 +25,11 @@ from gateway.call.control import (
     UtteranceStarted,
 )
 from gateway.call.manager import CallManager
+from gateway.media.bargein import VoiceStarted
 from synth.worker import Worker
 from tests.fakes import ToneEngine
 from voxgate.contract.bus.base import Bus
-from voxgate.contract.config import IvrConfig
+from voxgate.contract.config import BargeinSettings, IvrConfig
 
 
 class FakeLeg:
@@ -165,7 +166,6 @@ async def test_utterances_no_worker_answers_are_given_up(bus: Bus) -> None:
     await call.hangup()
 
 
-
 class RecordingAgent:
     """An agent that only records what it is told."""
 
@@ -229,3 +229,32 @@ async def test_a_caller_gone_before_the_agent_speaks_is_not_an_agent_failure(
     await asyncio.sleep(0.05)
     assert call.info.end_reason == "remote hangup"
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+@pytest.mark.parametrize(("onset_ms", "barges_in"), [(0, False), (240, False), (260, True)])
+async def test_speech_in_the_calls_first_moments_does_not_barge_in(
+    bus: Bus, onset_ms: int, barges_in: bool
+) -> None:
+    # A browser's microphone opening (Chromium's first ~220 ms carry bursts) or a click is not
+    # a caller talking over the greeting: onsets inside bargein.start_guard_ms never stop it.
+    stop = asyncio.Event()
+    worker = Worker(bus, ToneEngine(step_s=0.002), name="w", concurrency=4)
+    task = asyncio.create_task(worker.run(stop))
+    while not worker.ready:
+        await asyncio.sleep(0.01)
+    manager = CallManager(
+        bus, lambda info: IvrAgent(IvrConfig(idle_timeout_s=0)), max_calls=2,
+        max_text_chars=500, bargein=BargeinSettings(start_guard_ms=250),
+    )  # fmt: skip
+    call = manager.new_call("sip", "inbound", "sip:alice@example.com", "sip:ivr@gw")
+    call.leg = FakeLeg(call)
+    call.set_state("answered")
+    await call.start(manager.agent_for(call))
+    await tick(call, 40)
+    assert call.playout.speaking
+    onset = onset_ms * 8
+    call.on_vad([VoiceStarted(onset_sample=onset, decision_sample=onset + 480)])
+    assert bool(call.bargeins) is barges_in
+    await call.ended("test")
+    stop.set()
+    await task

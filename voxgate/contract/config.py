@@ -529,8 +529,14 @@ class BargeinSettings:
     # Analysis frame of the detector: 20 ms halves its CPU (~75 vs ~150 us per call per 20 ms
     # of audio) for a coarser onset estimate (p95 error ~55 vs ~30 ms); 10 ms is finer.
     frame_ms: int = 20
+    # Caller speech starting within this long of the call's first inbound audio never barges
+    # in: a microphone opening (a browser's first ~220 ms, a click) or an echo canceller still
+    # converging is not a caller talking over a greeting that has barely begun.
+    start_guard_ms: int = 250
 
     def validate(self) -> None:
+        if not 0 <= self.start_guard_ms <= 5000:
+            raise ConfigError(f"bargein.start_guard_ms: must be 0-5000, got {self.start_guard_ms}")
         if self.aggressiveness not in (0, 1, 2, 3):
             raise ConfigError(f"bargein.aggressiveness: must be 0-3, got {self.aggressiveness}")
         if not 0 <= self.min_speech_ms <= 2000:

@@ -37,8 +37,9 @@ from typing import Any
 
 log = logging.getLogger("voxgate.worker.cache")
 
-# Bump when split_piper_graph's output or meta.json's content changes meaning.
-SPLIT_FORMAT = 1
+# Bump when split_piper_graph's output or meta.json's content changes meaning. 2: the decoder
+# is saved as its 2-D rewrite (onnx_engine.decoder_as_2d), meta.json says so (decoder_2d).
+SPLIT_FORMAT = 2
 GRAPHS = ("front_a", "front_b", "decoder")
 META = "meta.json"
 

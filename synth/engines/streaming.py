@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from synth.engines.backend import Backend, Encoded
+from synth.engines.backend import Backend, Encoded, limit_blas_threads
 from synth.engines.base import EngineChunk, EngineError, FloatArray, WordMark
 from synth.engines.voice import Scales, Sentence, Voice
 
@@ -238,6 +238,9 @@ class StreamingEngine:
         self.scales = scales if scales is not None else voice.scales
         self.seed = seed
         self.config = config if config is not None else StreamConfig()
+        # The process that runs an engine runs its DSP too: numpy's BLAS on one thread (the
+        # worker parallelises across utterances; see limit_blas_threads, issue 17).
+        limit_blas_threads(1)
 
     @property
     def _tail_samples(self) -> int:

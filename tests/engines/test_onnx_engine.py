@@ -69,7 +69,9 @@ def test_split_halves_equal_the_full_model(backend: OnnxBackend) -> None:
         assert len(encoded.durations) == len(ids)
         audio = backend.decode(np.ascontiguousarray(z))
         assert audio.shape == reference.shape == (z.shape[1] * 256,)
-        assert np.max(np.abs(audio - reference)) <= 1e-6
+        # The decoder runs as its 2-D rewrite (decoder_as_2d): other kernels, another float
+        # summation order; 1e-5 is a third of a 16-bit step (measured: 1.7e-6).
+        assert np.max(np.abs(audio - reference)) <= 1e-5
 
 
 def test_windowed_flow_equals_whole(backend: OnnxBackend) -> None:

@@ -240,14 +240,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ApiError as exc:
         return _refused(exc)
     cid = created["id"]
-    print(f"campaign {cid}: {len(contacts)} contacts", file=sys.stderr)
+    header = f"campaign {cid}: {len(contacts)} contacts"
     if args.no_wait:
+        print(header, file=sys.stderr)
         print(cid)
         return 0
-    return follow(client, cid, args.poll, sys.stderr, sys.stdout)
+    return follow(client, cid, args.poll, sys.stderr, sys.stdout, header=header)
 
 
-def follow(client: Client, cid: str, poll_s: float, err: TextIO, out: TextIO) -> int:
+def follow(
+    client: Client, cid: str, poll_s: float, err: TextIO, out: TextIO, *, header: str = ""
+) -> int:
     """Poll until the campaign is over, with a progress bar; Ctrl-C cancels it."""
     bar = Progress(err)
     interrupted = False
@@ -256,8 +259,14 @@ def follow(client: Client, cid: str, poll_s: float, err: TextIO, out: TextIO) ->
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
     try:
+        first = True
         while True:
             try:
+                if first:
+                    # Inside the Ctrl-C handling: whoever saw this line may interrupt at once.
+                    first = False
+                    if header:
+                        print(header, file=err, flush=True)
                 # Totals only while it runs (a large campaign's contacts are many); the whole
                 # campaign once for the summary.
                 campaign = client.request("GET", f"/api/campaigns/{cid}?limit=0")

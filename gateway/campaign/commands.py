@@ -254,10 +254,13 @@ def follow(
     """Poll until the campaign is over, with a progress bar; Ctrl-C cancels it."""
     bar = Progress(err)
     interrupted = False
-    # SIGTERM too (a CI job stopped): the same as Ctrl-C. (Only the main thread may set a
-    # handler; called from another one, e.g. embedded, Ctrl-C is the caller's business.)
+    # SIGTERM too (a CI job stopped): the same as Ctrl-C. SIGINT is set explicitly: a process
+    # started in the background by a shell inherits SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt for it. (Only the main thread may set a handler; called from
+    # another one, e.g. embedded, Ctrl-C is the caller's business.)
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt) if main else None
     try:
         first = True
         while True:
@@ -294,6 +297,7 @@ def follow(
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
     bar.end()
     print_summary(campaign, out)
     return 130 if interrupted else 0

@@ -139,7 +139,12 @@ async def test_ctrl_c_cancels_the_campaign_and_prints_the_summary(
     )
     await _until(lambda: dial.live == 2, what="two calls up")
     assert proc.stderr is not None
-    await asyncio.wait_for(proc.stderr.readline(), 30)  # it is polling by now
+    # The campaign's first line comes once Ctrl-C is handled (the CLI may print warnings
+    # before it; a signal then would find Python's handler, or an inherited SIG_IGN).
+    while not (line := await asyncio.wait_for(proc.stderr.readline(), 30)).startswith(
+        b"campaign cc:"
+    ):
+        assert line, "the CLI ended before the campaign's first line"
     proc.send_signal(signal.SIGINT)
     code, out, err = await _done(proc)
     assert code == 130, err

@@ -121,7 +121,7 @@ class LimitSettings:
     action: Action = "reject"
     retry_after_s: int = 5
     rates: tuple[tuple[str, Rate], ...] = (
-        ("INVITE", Rate(50.0, 100)),
+        ("INVITE", Rate(100.0, 200)),
         ("REGISTER", Rate(20.0, 40)),
         ("OPTIONS", Rate(20.0, 40)),
     )

@@ -193,10 +193,13 @@ def test_settings_from_config_and_validation() -> None:
 
 
 def test_defaults_allow_a_call_centre() -> None:
-    """50 new calls a second from one trunk, for a minute, are never refused."""
+    """100 new calls a second from one trunk, for a minute, are never refused."""
     limits = SourceLimits(LimitSettings.from_config(GatewayConfig()))
-    refused = [check(limits, "127.0.0.1", "INVITE", i / 50) for i in range(3000)]
-    assert refused.count(None) == 3000
+    refused = [check(limits, "127.0.0.1", "INVITE", i / 100) for i in range(6000)]
+    assert refused.count(None) == 6000
+    # A burst of 200 at once is taken too; the 201st waits for the bucket.
+    burst = SourceLimits(LimitSettings.from_config(GatewayConfig()))
+    assert [check(burst, "192.0.2.1", "INVITE", 0.0) for _ in range(201)].count(None) == 200
 
 
 # --- in front of the transaction layer ------------------------------------------------------------

@@ -167,12 +167,12 @@ class GatewayConfig:
     accept_refer: bool = False
     # Floods and abuse (gateway.sip.limits): per source IP, token buckets for new INVITE,
     # REGISTER and OPTIONS requests (rate a second, burst; rate 0: no limit). The defaults let
-    # one trunk or PBX carry a busy call centre (50 calls/s, 100 at once); loopback is not
+    # one trunk or PBX carry a busy call centre (100 calls/s, 200 at once); loopback is not
     # exempt. Over a limit: "reject" (503 + Retry-After) or "drop" (silence, nothing reflected).
     limit_action: str = "reject"
     limit_retry_after_s: int = 5
-    limit_invite_rate: float = 50.0
-    limit_invite_burst: int = 100
+    limit_invite_rate: float = 100.0
+    limit_invite_burst: int = 200
     limit_register_rate: float = 20.0
     limit_register_burst: int = 40
     limit_options_rate: float = 20.0

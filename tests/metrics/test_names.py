@@ -51,6 +51,9 @@ GATEWAY = {
     "voxgate_campaign_in_flight": "gauge",
     "voxgate_sip_requests_refused": "counter",
     "voxgate_sip_transactions": "gauge",
+    "voxgate_asyncio_tasks": "gauge",
+    "voxgate_process_open_fds": "gauge",
+    "voxgate_process_resident_memory_bytes": "gauge",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",

@@ -23,6 +23,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,8 @@ DOCKER = DEPLOY / "docker"
 K8S = DEPLOY / "k8s"
 SYSTEMD = DEPLOY / "systemd"
 COMPOSE = DEPLOY / "compose.yaml"
+KAMAILIO = DEPLOY / "kamailio"
+FRONT_DOCKERFILE = DOCKER / "Dockerfile.kamailio"
 
 # Where each image's Dockerfile is; k8s manifests and compose refer to images by these names.
 IMAGES = {
@@ -494,9 +498,10 @@ def compose_effective(name: str, service: Mapping[str, Any]) -> Effective:
 def check_compose(doc: Mapping[str, Any]) -> list[str]:
     problems: list[str] = []
     services = doc.get("services") or {}
-    for want in ("redis", "gateway", "worker"):
+    for want in ("redis", "kamailio", "worker"):
         if want not in services:
             problems.append(f"compose.yaml: no service {want!r}")
+    gateways: dict[str, Effective] = {}
     for name, svc in services.items():
         where = f"compose.yaml: {name}"
         for dep, cond in (svc.get("depends_on") or {}).items():
@@ -508,8 +513,8 @@ def check_compose(doc: Mapping[str, Any]) -> list[str]:
                 problems.append(f"{where}: waits for {dep} to be healthy; it has no healthcheck")
         names = [k for k in service_env(svc) if k.startswith(vc.ENV_PREFIX)]
         problems += [f"{where}: {p}" for p in unknown_env_names(names)]
-        if "build" not in svc:
-            continue
+        if "build" not in svc or _is_front(svc):
+            continue  # the front runs Kamailio, not voxgate: check_compose_front
         try:
             eff = compose_effective(name, svc)
             ports = ports_of(eff, where)
@@ -536,7 +541,16 @@ def check_compose(doc: Mapping[str, Any]) -> list[str]:
                 f"{where}: publishes a fixed host port; `--scale worker=N` replicas would collide"
             )
         if eff.command == "gateway":
-            problems += _check_gateway_ports(where, eff.cfg, ports, published)
+            gateways[name] = eff
+            if svc.get("network_mode") == "host":
+                problems += _check_host_gateway(where, svc, eff, services)
+            else:
+                problems += _check_gateway_ports(where, eff.cfg, ports, published)
+    if len(gateways) < 2:
+        problems.append(f"compose.yaml: {len(gateways)} gateway(s); the front needs two or more")
+    problems += _check_gateways_apart(gateways)
+    if "kamailio" in services:
+        problems += check_compose_front(services["kamailio"], gateways)
     return problems
 
 
@@ -571,6 +585,169 @@ def _check_gateway_ports(
                 f"{where}: RTP range {r.container[0]}-{r.container[1]} does not match "
                 f"gateway.rtp_port_min/max = {lo}-{hi}"
             )
+    return problems
+
+
+def _check_host_gateway(
+    where: str, svc: Mapping[str, Any], eff: Effective, services: Mapping[str, Any]
+) -> list[str]:
+    """A gateway on the host's network: its ports are the host's (compose refuses `ports`
+    there), SDP must carry the host's address, and Redis is reached where it is published."""
+    problems: list[str] = []
+    if svc.get("ports"):
+        problems.append(f"{where}: network_mode host takes no `ports` (they are the host's)")
+    if not eff.cfg.gateway.public_address:
+        problems.append(
+            f"{where}: no gateway.public_address: the front reaches it on loopback, so SDP "
+            "would offer phones 127.0.0.1"
+        )
+    url = eff.cfg.bus.redis_url.split("//", 1)[-1].split("/")[0].split("@")[-1]
+    host, _, port = url.partition(":")
+    published = [parse_compose_port(p) for p in services.get("redis", {}).get("ports") or []]
+    if host not in ("127.0.0.1", "localhost") or not any(
+        p.host == (int(port or 6379),) * 2 and p.container == (6379, 6379) for p in published
+    ):
+        problems.append(
+            f"{where}: on the host's network Redis must be published on loopback and reached "
+            f"there; it uses {eff.cfg.bus.redis_url}"
+        )
+    return problems
+
+
+def _check_gateways_apart(gateways: Mapping[str, Effective]) -> list[str]:
+    """Gateways sharing a network must not share a SIP/HTTP port or RTP ports."""
+    problems: list[str] = []
+    names = sorted(gateways)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            ga, gb = gateways[a].cfg.gateway, gateways[b].cfg.gateway
+            pa = ports_of(gateways[a], a)
+            pb = ports_of(gateways[b], b)
+            for kind in ("sip", "http"):
+                if pa[kind] == pb[kind]:
+                    problems.append(f"compose.yaml: {a} and {b} both use {kind} port {pa[kind]}")
+            if ga.rtp_port_min <= gb.rtp_port_max and gb.rtp_port_min <= ga.rtp_port_max:
+                problems.append(f"compose.yaml: {a} and {b} have overlapping RTP ranges")
+    return problems
+
+
+# --- the Kamailio front (deploy/kamailio, deploy/docker/Dockerfile.kamailio) -------------------
+
+
+def _is_front(svc: Mapping[str, Any]) -> bool:
+    build = svc.get("build")
+    return isinstance(build, Mapping) and Path(str(build.get("dockerfile"))).name == (
+        FRONT_DOCKERFILE.name
+    )
+
+
+def cfg_defines(text: str) -> set[str]:
+    """Names kamailio.cfg lets the command line set (``#!ifndef NAME`` / ``#!ifdef NAME``)."""
+    return set(re.findall(r"^#!ifn?def\s+(\w+)", text, re.M))
+
+
+def dispatcher_destinations(text: str) -> list[tuple[int, str]]:
+    """(set id, destination URI) of every line of a dispatcher.list."""
+    out: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            out.append((int(words[0]), words[1]))
+    return out
+
+
+def front_image_problems(df: Dockerfile) -> list[str]:
+    """Debian's kamailio package, the shipped config copied in, foreground, not root."""
+    where = str(df.path.name)
+    problems: list[str] = []
+    if not df.final.base.startswith("debian:bookworm"):
+        problems.append(f"{where}: base {df.final.base}: Kamailio 5.6 is Debian bookworm's")
+    if not any("apt-get install" in i.args and " kamailio" in i.args for i in df.final.all("RUN")):
+        problems.append(f"{where}: does not install Debian's kamailio package")
+    copies = [i.args.split() for i in df.final.all("COPY")]
+    dest = next((c[-1] for c in copies if c[0].rstrip("/") == "deploy/kamailio"), None)
+    if dest is None:
+        problems.append(f"{where}: does not copy deploy/kamailio/")
+    user = df.final.last("USER")
+    if user is None or user.args in ("root", "0"):
+        problems.append(f"{where}: runs as root")
+    if df.final.last("HEALTHCHECK") is None:
+        problems.append(f"{where}: no HEALTHCHECK")
+    try:
+        argv = dockerfile_command(df)
+    except CheckError as exc:
+        return [*problems, str(exc)]
+    if not argv or Path(argv[0]).name != "kamailio" or "-DD" not in argv or "-E" not in argv:
+        problems.append(f"{where}: ENTRYPOINT {argv}: expected kamailio -DD -E (foreground)")
+    cfg = argv[argv.index("-f") + 1] if "-f" in argv[:-1] else None
+    if dest is not None and cfg != f"{dest.rstrip('/')}/kamailio.cfg":
+        problems.append(f"{where}: runs config {cfg}, the copied one is {dest}kamailio.cfg")
+    return problems
+
+
+def front_defines(command: Sequence[str], where: str) -> dict[str, str]:
+    """The ``-A NAME=VALUE`` pairs of the front's command (nothing else is expected there)."""
+    if len(command) % 2 or any(flag != "-A" for flag in command[::2]):
+        raise CheckError(f"{where}: command must be -A NAME=VALUE pairs, got {list(command)}")
+    out: dict[str, str] = {}
+    for d in command[1::2]:
+        name, _, value = interpolate(str(d)).partition("=")
+        out[name] = value
+    return out
+
+
+def check_compose_front(svc: Mapping[str, Any], gateways: Mapping[str, Effective]) -> list[str]:
+    where = "compose.yaml: kamailio"
+    if not _is_front(svc):
+        return [f"{where}: not built from {FRONT_DOCKERFILE.name}"]
+    problems = front_image_problems(load_dockerfile(FRONT_DOCKERFILE))
+    if svc.get("image") != "voxgate-kamailio:latest":
+        problems.append(f"{where}: image {svc.get('image')!r}, expected voxgate-kamailio:latest")
+    if svc.get("network_mode") != "host":
+        problems.append(f"{where}: not on the host's network (Record-Route must name an address "
+                        "phones reach)")  # fmt: skip
+    try:
+        defines = front_defines([str(c) for c in svc.get("command") or []], where)
+    except CheckError as exc:
+        return [*problems, str(exc)]
+    known = cfg_defines((KAMAILIO / "kamailio.cfg").read_text())
+    problems += [
+        f"{where}: -A {n}: not a define of kamailio.cfg" for n in defines if n not in known
+    ]
+    # The mounted directory over the image's copy: which repository file each path is.
+    mounts: dict[str, Path] = {}
+    for v in svc.get("volumes") or []:
+        src, dst, *_ = str(v).split(":")
+        mounts[dst.rstrip("/")] = (COMPOSE.parent / src).resolve()
+    ds_list = defines.get("DS_LIST", '"/etc/kamailio/voxgate/dispatcher.list"').strip('"')
+    parent, _, fname = ds_list.rpartition("/")
+    local = mounts.get(parent, KAMAILIO) / fname
+    if not local.is_file():
+        return [*problems, f"{where}: DS_LIST {ds_list} is no file of deploy/kamailio"]
+    dests = dispatcher_destinations(local.read_text())
+    in_set = {uri for sid, uri in dests if sid == 1}
+    for name, eff in sorted(gateways.items()):
+        uri = f"sip:127.0.0.1:{ports_of(eff, name)['sip']}"
+        if uri not in in_set:
+            problems.append(f"{where}: {name} ({uri}) is not in {local.name} set 1: {in_set}")
+    if len(in_set) != len(gateways):
+        problems.append(f"{where}: {local.name} lists {sorted(in_set)}, compose runs "
+                        f"{sorted(gateways)}")  # fmt: skip
+    # Callers reach the front on the address the gateways write into SDP.
+    public = {eff.cfg.gateway.public_address for eff in gateways.values()}
+    sip_ports = {ports_of(eff, n)["sip"] for n, eff in gateways.items()}
+    for key in ("LISTEN_PUBLIC", "LISTEN_PUBLIC_TCP", "LISTEN_GATEWAYS"):
+        value = defines.get(key)
+        if value is None:
+            problems.append(f"{where}: no -A {key}")
+            continue
+        _proto, host, port = value.split()[0].split(":")
+        if int(port) in sip_ports:
+            problems.append(f"{where}: {key} port {port} is a gateway's SIP port")
+        if key == "LISTEN_GATEWAYS" and host != "127.0.0.1":
+            problems.append(f"{where}: {key} on {host}; the gateways are on 127.0.0.1")
+        if key != "LISTEN_GATEWAYS" and {host} != public:
+            problems.append(f"{where}: {key} on {host}, the gateways' SDP says {public}")
     return problems
 
 
@@ -1239,28 +1416,96 @@ def test_dockerfile_checker_catches(old: str, new: str, expect: str) -> None:
 def test_compose() -> None:
     doc = load_yaml_docs(COMPOSE)[0]
     assert check_compose(doc) == []
-    gw = compose_effective("gateway", doc["services"]["gateway"])
-    assert gw.command == "gateway"
-    assert gw.cfg.gateway.rtp_port_max - gw.cfg.gateway.rtp_port_min <= 1000  # a narrowed range
+    for name in ("gateway-a", "gateway-b"):
+        gw = compose_effective(name, doc["services"][name])
+        assert gw.command == "gateway"
+        assert doc["services"][name]["network_mode"] == "host"
+        assert gw.cfg.gateway.public_address == PLACEHOLDERS["VOXGATE_GATEWAY_PUBLIC_ADDRESS"]
     assert compose_effective("worker", doc["services"]["worker"]).command == "worker"
-    for name in ("gateway", "worker"):
+    for name in ("gateway-a", "gateway-b", "worker"):
         assert doc["services"][name]["depends_on"]["redis"]["condition"] == "service_healthy"
+    front = doc["services"]["kamailio"]
+    assert front["image"] == "voxgate-kamailio:latest"
+    assert front["build"]["dockerfile"] == "deploy/docker/Dockerfile.kamailio"
+    defines = front_defines([str(c) for c in front["command"]], "kamailio")
+    assert defines["LISTEN_PUBLIC"] == "udp:192.0.2.10:5060"
+    assert defines["DS_PING_INTERVAL"] == "2"
+
+
+def test_front_image() -> None:
+    assert front_image_problems(load_dockerfile(FRONT_DOCKERFILE)) == []
+    bad = parse_dockerfile(
+        FRONT_DOCKERFILE.read_text().replace("USER kamailio", "USER root"), FRONT_DOCKERFILE
+    )
+    assert any("root" in p for p in front_image_problems(bad))
+
+
+def test_dispatcher_list_and_defines_parsers() -> None:
+    assert dispatcher_destinations("# c\n1 sip:127.0.0.1:5070 8\n\n2 sip:h:1 # x\n") == [
+        (1, "sip:127.0.0.1:5070"), (2, "sip:h:1"),
+    ]  # fmt: skip
+    names = cfg_defines((KAMAILIO / "kamailio.cfg").read_text())
+    assert {"DS_LIST", "DS_PING_INTERVAL", "LISTEN_PUBLIC", "LISTEN_GATEWAYS"} <= names
+    with pytest.raises(CheckError, match="-A NAME=VALUE"):
+        front_defines(["-A", "X=1", "-f"], "k")
+
+
+@pytest.mark.skipif(
+    not (shutil.which("kamailio") or os.access("/usr/sbin/kamailio", os.X_OK)),
+    reason="kamailio not installed (deploy/ensure-test-tools.sh installs it)",
+)
+def test_front_config_parses_with_the_compose_defines(tmp_path: Path) -> None:
+    """``kamailio -c``: the shipped config with exactly compose's -A defines (the list path
+    mapped onto the repository's file, the control socket into tmp_path)."""
+    doc = load_yaml_docs(COMPOSE)[0]
+    defines = front_defines([str(c) for c in doc["services"]["kamailio"]["command"]], "k")
+    defines["DS_LIST"] = f'"{KAMAILIO / "dispatcher.list"}"'
+    defines["CTL_SOCKET"] = f'"unix:{tmp_path / "ctl"}"'
+    binary = shutil.which("kamailio") or "/usr/sbin/kamailio"
+    argv = [binary, "-c", "-f", str(KAMAILIO / "kamailio.cfg")]
+    for name, value in defines.items():
+        argv += ["-A", f"{name}={value}"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "192.0.2.10" in r.stdout + r.stderr  # the public listener as configured
 
 
 @pytest.mark.parametrize(
     ("mutate", "expect"),
     [
-        (lambda d: d["services"]["gateway"]["ports"].remove("5060:5060/udp"), "5060/udp"),
+        (lambda d: d["services"]["gateway-a"].pop("network_mode"), "5070/udp"),
+        (lambda d: d["services"]["gateway-a"].update(ports=["5070:5070/udp"]), "takes no"),
         (
-            lambda d: d["services"]["gateway"]["environment"].update(
-                VOXGATE_GATEWAY_RTP_PORT_MAX="10399"
+            lambda d: d["services"]["gateway-b"]["environment"].update(
+                VOXGATE_GATEWAY_RTP_PORT_MIN="14000"
             ),
-            "does not match",
+            "overlapping RTP",
         ),
+        (
+            lambda d: d["services"]["gateway-b"]["environment"].update(
+                VOXGATE_GATEWAY_SIP_LISTEN="0.0.0.0:5072"
+            ),
+            "not in dispatcher.list",
+        ),
+        (
+            lambda d: d["services"]["gateway-a"]["environment"].update(
+                VOXGATE_BUS_REDIS_URL="redis://redis:6379/0"
+            ),
+            "published on loopback",
+        ),
+        (lambda d: d["services"]["kamailio"]["command"].__setitem__(9, "DS_PING=2"), "DS_PING"),
+        (
+            lambda d: d["services"]["kamailio"]["command"].__setitem__(
+                5, "LISTEN_GATEWAYS=udp:127.0.0.1:5071"
+            ),
+            "a gateway's SIP port",
+        ),
+        (lambda d: d["services"]["kamailio"].pop("network_mode"), "host's network"),
+        (lambda d: d["services"].pop("gateway-b"), "needs two or more"),
         (lambda d: d["services"]["worker"].update(ports=["9091:9091"]), "collide"),
         (lambda d: d["services"]["worker"].update(command=["wrker"]), "invalid choice"),
         (
-            lambda d: d["services"]["gateway"]["environment"].pop("VOXGATE_GATEWAY_API_TOKEN"),
+            lambda d: d["services"]["gateway-a"]["environment"].pop("VOXGATE_GATEWAY_API_TOKEN"),
             "refuse",
         ),
         (

@@ -84,6 +84,7 @@ def register_bench(bench_sub: SubParsers) -> None:
         ("recording", "call recording's CPU per call (media side and writer), 8 and 48 kHz"),
         ("amd", "answering-machine detection on generated greetings: accuracy, decision time"),
         ("campaign", "an outbound campaign against a sipp UAS: dials/s, pacing, peak calls, CPU"),
+        ("front", "the Kamailio front before gateways: spread, failover when one stops, cores"),
     ):
         # Its own options pass through untouched ("+" is no option prefix of ours).
         cc = bench_sub.add_parser(name, help=doc, add_help=False, prefix_chars="+")

@@ -496,10 +496,18 @@ def _when(s: str, us: str) -> float:
     return float(s) + float(us) / 1e6
 
 
+# sipp's error log: "Aborting call on an unexpected BYE for call: <id>", "Aborting call on
+# unexpected message for Call-Id '<id>'"; entries are not newline-separated, so the last octet of
+# the (loopback) Call-ID host ends lazily where a quote, a date or a blank starts.
+_ABORTED = re.compile(
+    r"(?:for call: |for Call-Id ')(\d+-\d+@(?:\d{1,3}\.){3}\d{1,3}?)(?='|\d{4}-\d\d-\d\d|\s|$)"
+)
+
+
 def parse_call_log(text: str, errors: str = "") -> list[CallRecord]:
-    """The scenario's OK/FAIL lines; calls named in sipp's error log after their OK line were
-    aborted later (sipp prints "Aborting call on ... for call: <Call-ID>")."""
-    aborted = set(re.findall(r"for call: (\d+-\d+@[0-9.]+?)(?=\d{4}-\d\d-\d\d|\s|$)", errors))
+    """The scenario's OK/FAIL lines; calls named in sipp's error log (``errors``) after their
+    OK line were aborted later."""
+    aborted = set(re.findall(_ABORTED, errors))
     out: list[CallRecord] = []
     for line in text.splitlines():
         f = line.split()
@@ -684,13 +692,13 @@ class Cluster:
         return self.worker
 
     def add_gateway(
-        self, name: str, *, prefix: str | None = None, stats: bool = False
+        self, name: str, *, prefix: str | None = None, stats: bool = False, rtp_ports: int = 400
     ) -> GatewayProc:
         p = prefix or self.prefix
         self.prefixes.add(p)
         gw = GatewayProc(
             name, self.workdir, self.redis_url, p, self.pool.one(), self.pool.one(),
-            self.pool.block(400), list(self.gateway_extra),
+            self.pool.block(rtp_ports), list(self.gateway_extra),
             stats=self.workdir / f"stats-{name}.json" if stats else None,
         )  # fmt: skip
         gw.start()
@@ -772,19 +780,58 @@ def run_stop(
     return fo, records
 
 
-def _cpu_pct(pid: int, a: Any, b: Any) -> float:
-    from voxgate.bench.procs import cpu_between
+def _ticks(pids: Sequence[int]) -> int:
+    """utime + stime (clock ticks) of these processes, summed; gone ones count 0."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])
+    return total
 
-    return float(cpu_between(pid, a, b).get("process_pct", float("nan")))
+
+def _group(pgid: int) -> list[int]:
+    """Every process of a process group (Kamailio's main process and the ones it forked)."""
+    out: list[int] = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (d / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                    out.append(int(d.name))
+    return out
+
+
+class CpuMeter:
+    """% of one core used by named sets of processes between ``start()`` and ``stop()``."""
+
+    def __init__(self, procs: Mapping[str, Sequence[int]]) -> None:
+        self.procs = dict(procs)
+        self.t0 = 0.0
+        self.a: dict[str, int] = {}
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.a = {k: _ticks(v) for k, v in self.procs.items()}
+
+    def stop(self) -> dict[str, float]:
+        from voxgate.bench.procs import CLK_TCK
+
+        dt = time.monotonic() - self.t0
+        return {
+            k: round(100.0 * (_ticks(v) - self.a[k]) / CLK_TCK / dt, 1)
+            for k, v in self.procs.items()
+        }
 
 
 def run_cores(
     workdir: Path, redis_url: str, *, calls: int, hold_s: float, rate: float, greeting: str
 ) -> dict[str, Any]:
-    """The same N calls through the front to one gateway, then to two: per-gateway CPU and
-    ticker send-time error over the plateau (all calls up)."""
+    """The same N calls through the front to one gateway, then to two. Per gateway: its CPU
+    idle (before the calls) and over the plateau (all calls up), and its media ticker's
+    send-time error over the plateau; beside them the CPU of the worker, the front and sipp."""
     from voxgate.bench.calls import hist_delta, read_stats
-    from voxgate.bench.procs import cpu_sample, system_busy
 
     out: dict[str, Any] = {}
     for n in (1, 2):
@@ -794,12 +841,18 @@ def run_cores(
                  "--gateway-limit-invite-rate", "1000", "--gateway-limit-invite-burst", "1000",
                  "--log-level", "warning"]  # fmt: skip
         with cluster(sub, redis_url, FrontTimers(ping_interval_s=2), extra) as c:
-            c.start_worker("--worker-warm-background", "false")
-            gws = [c.add_gateway(f"g{i}", stats=True) for i in range(n)]
+            worker = c.start_worker("--worker-warm-background", "false")
+            gws = [c.add_gateway(f"g{i}", stats=True, rtp_ports=4 * calls + 200) for i in range(n)]
             for g in gws:
                 g.wait_status("/readyz", 200, 180)
             front = c.start_front(gws)
             front.wait_flags({g.uri: "A" for g in gws}, 15)
+            assert front.proc is not None and worker.proc is not None
+            pids = {g.name: [g.proc.pid] for g in gws if g.proc is not None}
+            idle = CpuMeter(pids)
+            idle.start()
+            time.sleep(3.0)
+            idle_pct = idle.stop()
             ramp = calls / rate
             run = start_calls(
                 sub, front.address, tag="load", calls=calls, rate=rate,
@@ -807,29 +860,27 @@ def run_cores(
                 media_port=c.pool.one(), timeout_s=int(ramp + hold_s + 60),
             )  # fmt: skip
             time.sleep(ramp + 2.0)  # all calls up
+            meter = CpuMeter({**pids, "worker": [worker.proc.pid], "sipp": [run.proc.pid],
+                              "kamailio": _group(front.proc.pid)})  # fmt: skip
             stats_a = [read_stats(g.stats) if g.stats else None for g in gws]
-            cpu_a = [cpu_sample(g.proc.pid) for g in gws if g.proc is not None]
-            busy_a = system_busy()
+            meter.start()
             time.sleep(hold_s)
+            cpu = meter.stop()
             stats_b = [read_stats(g.stats) if g.stats else None for g in gws]
-            cpu_b = [cpu_sample(g.proc.pid) for g in gws if g.proc is not None]
-            busy_b = system_busy()
             rc, records = run.wait(ramp + hold_s + 120)
             per_gw = []
-            for g, sa, sb, ca, cb in zip(gws, stats_a, stats_b, cpu_a, cpu_b, strict=True):
-                assert g.proc is not None
+            for g, sa, sb in zip(gws, stats_a, stats_b, strict=True):
                 tick = hist_delta(sa, sb) if sb is not None else {}
                 per_gw.append({
                     "gateway": g.name, "calls_up": (sb or {}).get("live_calls"),
-                    "cpu_pct_of_one_core": round(_cpu_pct(g.proc.pid, ca, cb), 1),
+                    "cpu_idle_pct": idle_pct[g.name], "cpu_pct": cpu[g.name],
                     "ticker_p50_ms": tick.get("p50"), "ticker_p99_ms": tick.get("p99"),
                     "ticker_max_ms": tick.get("max"),
                 })  # fmt: skip
-            busy = (busy_b[0] - busy_a[0]) / max(1, busy_b[1] - busy_a[1])
             out[f"{n}_gateway" + ("s" if n > 1 else "")] = {
                 "calls": calls, "answered": sum(1 for r in records if r.answered is not None),
-                "sipp_rc": rc, "gateways": per_gw,
-                "box_cpu_busy_pct": round(100 * busy, 1),
+                "sipp_rc": rc, "gateways": per_gw, "plateau_s": hold_s,
+                "cpu_pct": {k: cpu[k] for k in ("worker", "kamailio", "sipp")},
             }  # fmt: skip
     return out
 
@@ -847,61 +898,64 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "gateways": args.gateways, "transport": "UDP, loopback",
         },
     }  # fmt: skip
-    extra = ["--gateway-limit-invite-rate", "1000", "--gateway-limit-invite-burst", "1000"]
-    with cluster(work / "failover", redis_url=args.redis, timers=timers,
-                 gateway_extra=extra) as c:  # fmt: skip
-        c.workdir.mkdir(parents=True, exist_ok=True)
-        c.start_worker()
-        gws = [c.add_gateway(chr(ord("a") + i)) for i in range(args.gateways)]
-        for g in gws:
-            g.wait_status("/readyz", 200, 180)
-        front = c.start_front(gws)
-        front.wait_flags({g.uri: "A" for g in gws}, 15)
-        run = start_calls(
-            c.workdir, front.address, tag="spread", calls=args.spread_calls, rate=args.rate,
-            hold_ms=300, local_port=c.pool.one(), media_port=c.pool.one(),
-        )  # fmt: skip
-        rc, records = run.wait(args.spread_calls / args.rate + 120)
-        by_port = spread(records)
-        result["spread"] = {
-            "calls": len(records), "answered": sum(1 for r in records if r.answered),
-            "per_gateway": {g.name: by_port.get(g.sip_port, 0) for g in gws},
-            "setup_ms": {k: (v * 1000 if k != "n" else v) for k, v in
-                         _pct([r.setup_s for r in records if r.setup_s is not None]).items()},
-            "sipp_rc": rc,
-        }  # fmt: skip
-        stops: list[Failover] = []
-        modes = [(signal.SIGTERM, True), (signal.SIGKILL, True),
-                 (signal.SIGTERM, False), (signal.SIGKILL, False)]  # fmt: skip
-        for i in range(args.stops):
-            sig, traffic = modes[i % len(modes)]
-            victim = gws[-1 - (i % (len(gws) - 1))] if len(gws) > 1 else gws[0]
-            fo, _ = run_stop(c, victim, sig=sig, traffic=traffic, rate=args.rate, tag=f"stop{i}")
-            stops.append(fo)
-            print(f"# stop {i}: {sig.name} {'traffic' if traffic else 'idle'}: down after "
-                  f"{fo.down_after_s:.3f} s, delayed {fo.delayed}, failed {fo.new_failed}",
-                  file=sys.stderr)  # fmt: skip
-        result["stops"] = [asdict(s) for s in stops]
-        summary: dict[str, Any] = {}
-        for traffic in (True, False):
-            group = [s for s in stops if s.traffic == traffic]
-            key = "with_traffic" if traffic else "idle"
-            summary[key] = {
-                "stops": len(group),
-                "down_after_s": _pct([s.down_after_s for s in group]),
-                "last_delayed_after_s": _pct([s.last_delayed_after_s for s in group]),
-                "delayed_calls": sum(s.delayed for s in group),
-                "new_calls": sum(s.new_calls for s in group),
-                "new_failed": sum(s.new_failed for s in group),
-                "in_flight_lost": sum(s.in_flight_lost for s in group),
-                "delayed_setup_s": _pct([x for s in group for x in s.delayed_setup_s]),
-                "up_after_ready_s": _pct(
-                    [s.up_after_ready_s for s in group if s.up_after_ready_s is not None]
-                ),
-                "exit_s": _pct([s.exit_s for s in group if s.exit_s is not None]),
-            }
-        result["failover"] = summary
-        result["front_errors"] = front.problems()
+    if args.spread_calls > 0:  # 0: only the cores run
+        extra = ["--gateway-limit-invite-rate", "1000", "--gateway-limit-invite-burst", "1000"]
+        with cluster(work / "failover", redis_url=args.redis, timers=timers,
+                     gateway_extra=extra) as c:  # fmt: skip
+            c.workdir.mkdir(parents=True, exist_ok=True)
+            c.start_worker()
+            gws = [c.add_gateway(chr(ord("a") + i)) for i in range(args.gateways)]
+            for g in gws:
+                g.wait_status("/readyz", 200, 180)
+            front = c.start_front(gws)
+            front.wait_flags({g.uri: "A" for g in gws}, 15)
+            run = start_calls(
+                c.workdir, front.address, tag="spread", calls=args.spread_calls, rate=args.rate,
+                hold_ms=300, local_port=c.pool.one(), media_port=c.pool.one(),
+            )  # fmt: skip
+            rc, records = run.wait(args.spread_calls / args.rate + 120)
+            by_port = spread(records)
+            result["spread"] = {
+                "calls": len(records), "answered": sum(1 for r in records if r.answered),
+                "per_gateway": {g.name: by_port.get(g.sip_port, 0) for g in gws},
+                "setup_ms": {k: (v * 1000 if k != "n" else v) for k, v in
+                             _pct([r.setup_s for r in records if r.setup_s is not None]).items()},
+                "sipp_rc": rc,
+            }  # fmt: skip
+            stops: list[Failover] = []
+            modes = [(signal.SIGTERM, True), (signal.SIGKILL, True),
+                     (signal.SIGTERM, False), (signal.SIGKILL, False)]  # fmt: skip
+            for i in range(args.stops):
+                sig, traffic = modes[i % len(modes)]
+                victim = gws[-1 - (i % (len(gws) - 1))] if len(gws) > 1 else gws[0]
+                fo, _ = run_stop(
+                    c, victim, sig=sig, traffic=traffic, rate=args.rate, tag=f"stop{i}"
+                )
+                stops.append(fo)
+                print(f"# stop {i}: {sig.name} {'traffic' if traffic else 'idle'}: down after "
+                      f"{fo.down_after_s:.3f} s, delayed {fo.delayed}, failed {fo.new_failed}",
+                      file=sys.stderr)  # fmt: skip
+            result["stops"] = [asdict(s) for s in stops]
+            summary: dict[str, Any] = {}
+            for traffic in (True, False):
+                group = [s for s in stops if s.traffic == traffic]
+                key = "with_traffic" if traffic else "idle"
+                summary[key] = {
+                    "stops": len(group),
+                    "down_after_s": _pct([s.down_after_s for s in group]),
+                    "last_delayed_after_s": _pct([s.last_delayed_after_s for s in group]),
+                    "delayed_calls": sum(s.delayed for s in group),
+                    "new_calls": sum(s.new_calls for s in group),
+                    "new_failed": sum(s.new_failed for s in group),
+                    "in_flight_lost": sum(s.in_flight_lost for s in group),
+                    "delayed_setup_s": _pct([x for s in group for x in s.delayed_setup_s]),
+                    "up_after_ready_s": _pct(
+                        [s.up_after_ready_s for s in group if s.up_after_ready_s is not None]
+                    ),
+                    "exit_s": _pct([s.exit_s for s in group if s.exit_s is not None]),
+                }
+            result["failover"] = summary
+            result["front_errors"] = front.problems()
     if args.cores_calls:
         result["cores"] = run_cores(
             work, args.redis, calls=args.cores_calls, hold_s=args.cores_hold, rate=args.rate,
@@ -924,25 +978,30 @@ def _print(result: Mapping[str, Any]) -> None:
     load = " ".join(f"{x:.2f}" for x in c["loadavg_at_start"])
     print(f"# Kamailio front: {c['kamailio']}; {c['cpu']} ({c['cores']} cores), load at start "
           f"{load}; timers {c['timers']}")  # fmt: skip
-    s = result["spread"]
-    setup = s["setup_ms"]
-    print(f"spread: {s['answered']}/{s['calls']} answered at {c['rate_cps']} calls/s; per gateway "
-          f"{s['per_gateway']}; setup ms p50 {setup['p50']:.1f} p95 {setup['p95']:.1f} "
-          f"p99 {setup['p99']:.1f}")  # fmt: skip
-    print(f"{'failover':<13}{'stops':>6}{'down p50':>10}{'p95':>7}{'last delayed p95':>18}"
-          f"{'delayed':>9}{'new':>6}{'failed':>8}{'lost up':>9}{'back p50':>9}")  # fmt: skip
-    for key, f in result["failover"].items():
+    if "spread" in result:
+        s = result["spread"]
+        setup = s["setup_ms"]
+        print(f"spread: {s['answered']}/{s['calls']} answered at {c['rate_cps']} calls/s; per "
+              f"gateway {s['per_gateway']}; setup ms p50 {setup['p50']:.1f} p95 "
+              f"{setup['p95']:.1f} p99 {setup['p99']:.1f}")  # fmt: skip
+    if result.get("failover"):
+        print(f"{'failover':<13}{'stops':>6}{'down p50':>10}{'p95':>7}{'last delayed p95':>18}"
+              f"{'delayed':>9}{'new':>6}{'failed':>8}{'lost up':>9}{'back p50':>9}")  # fmt: skip
+    for key, f in (result.get("failover") or {}).items():
+        if not f["stops"]:
+            continue
         print(f"{key:<13}{f['stops']:>6}{f['down_after_s']['p50']:>10.3f}"
               f"{f['down_after_s']['p95']:>7.3f}{f['last_delayed_after_s']['p95']:>18.3f}"
               f"{f['delayed_calls']:>9}{f['new_calls']:>6}{f['new_failed']:>8}"
               f"{f['in_flight_lost']:>9}{f['up_after_ready_s']['p50']:>9.2f}")  # fmt: skip
     for name, r in (result.get("cores") or {}).items():
         per = ", ".join(
-            f"{g['gateway']}: {g['calls_up']} calls {g['cpu_pct_of_one_core']}% CPU, ticker p99 "
-            f"{g['ticker_p99_ms']} ms" for g in r["gateways"]
+            f"{g['gateway']}: {g['calls_up']} calls {g['cpu_pct']}% CPU (idle "
+            f"{g['cpu_idle_pct']}%), ticker p50/p99/max {g['ticker_p50_ms']}/"
+            f"{g['ticker_p99_ms']}/{g['ticker_max_ms']} ms" for g in r["gateways"]
         )  # fmt: skip
-        print(f"cores {name}: {r['answered']}/{r['calls']} answered; {per}; box busy "
-              f"{r['box_cpu_busy_pct']}%")  # fmt: skip
+        print(f"cores {name}: {r['answered']}/{r['calls']} answered; {per}; others "
+              f"{r['cpu_pct']} (% of one core)")  # fmt: skip
     if result.get("front_errors"):
         print(f"front logged errors: {result['front_errors'][:5]}")
 
@@ -953,7 +1012,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Redis URL")
     p.add_argument("--gateways", type=int, default=2, help="gateways behind the front")
     p.add_argument("--rate", type=float, default=10.0, help="calls per second")
-    p.add_argument("--spread-calls", type=int, default=200, help="calls of the spread run")
+    p.add_argument(
+        "--spread-calls", type=int, default=200,
+        help="calls of the spread run (0: no spread and no stops, only --cores-calls)",
+    )  # fmt: skip
     p.add_argument("--stops", type=int, default=8, help="gateway stops (TERM/KILL, traffic/idle)")
     p.add_argument("--interval", type=int, default=1, help="ds_ping_interval, s")
     p.add_argument(
@@ -967,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", metavar="DIR", help="keep logs in DIR")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
-    if args.gateways < 2:
+    if args.gateways < 2 and args.stops:
         p.error("--gateways: at least 2 (one is stopped while the others take the calls)")
     result = bench(args)
     if args.json:

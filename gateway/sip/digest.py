@@ -151,20 +151,54 @@ def digest_response(
 ) -> str:
     """The ``response`` value of RFC 7616 §3.4.1 (RFC 2617 §3.2.2 when ``qop`` is None)."""
     algorithm = challenge.algorithm
-    h = _HASHES[algorithm.removesuffix("-SESS")]
+    ha1 = hash_hex(algorithm.removesuffix("-SESS"), f"{username}:{challenge.realm}:{password}")
+    return response_from_ha1(
+        algorithm, ha1, nonce=challenge.nonce, method=method, uri=uri, cnonce=cnonce, nc=nc,
+        qop=qop, body=body,
+    )  # fmt: skip
+
+
+def hash_hex(algorithm: str, text: str | bytes) -> str:
+    """``H(data)`` of RFC 7616 §3.4 for ``algorithm`` (``MD5``, ``SHA-256``...; no ``-sess``):
+    the lower-case hex digest. KeyError for an algorithm this build does not have."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return _HASHES[algorithm.upper()](data)
+
+
+def supported_algorithms() -> tuple[str, ...]:
+    """The digest algorithms this build can compute, strongest first."""
+    return tuple(sorted(_HASHES, key=lambda a: -_STRENGTH[a]))
+
+
+def response_from_ha1(
+    algorithm: str,
+    ha1: str,
+    *,
+    nonce: str,
+    method: str,
+    uri: str,
+    cnonce: str,
+    nc: int,
+    qop: str | None,
+    body: bytes = b"",
+) -> str:
+    """The ``response`` value from a stored ``H(username:realm:password)`` (RFC 7616 §3.4.1,
+    §3.4.2 for ``-sess``; RFC 2617 §3.2.2 when ``qop`` is None): what a server that keeps
+    only HA1 (an htdigest file, ``ha1`` in config) needs to check a response."""
+    algorithm = algorithm.upper()
+    base = algorithm.removesuffix("-SESS")
 
     def hs(text: str) -> str:
-        return h(text.encode("utf-8"))
+        return hash_hex(base, text)
 
-    ha1 = hs(f"{username}:{challenge.realm}:{password}")
     if algorithm.endswith("-SESS"):
-        ha1 = hs(f"{ha1}:{challenge.nonce}:{cnonce}")
+        ha1 = hs(f"{ha1}:{nonce}:{cnonce}")
     ha2 = hs(f"{method}:{uri}")
     if qop == "auth-int":
-        ha2 = hs(f"{method}:{uri}:{h(body)}")
+        ha2 = hs(f"{method}:{uri}:{hash_hex(base, body)}")
     if qop is None:
-        return hs(f"{ha1}:{challenge.nonce}:{ha2}")
-    return hs(f"{ha1}:{challenge.nonce}:{nc:08x}:{cnonce}:{qop}:{ha2}")
+        return hs(f"{ha1}:{nonce}:{ha2}")
+    return hs(f"{ha1}:{nonce}:{nc:08x}:{cnonce}:{qop}:{ha2}")
 
 
 def build_authorization(

@@ -17,7 +17,8 @@ What it does on its own, so that every TU gets it right:
   retransmissions (§13.3.1.4);
 - asks its ``limits`` (``gateway.sip.limits``) before it parses a datagram from a source
   that is over its rate, and before it creates a server transaction for a new request, and
-  answers a refused one statelessly (503 + Retry-After, §8.2.6 and §21.5.4) or drops it: a
+  answers a refused one statelessly (503 + Retry-After, §8.2.6 and §21.5.4; 403 to a
+  source locked out after failed authentications) or drops it: a
   flood costs microseconds per request and never a transaction.
 """
 
@@ -40,6 +41,7 @@ from gateway.sip.headers import Headers
 from gateway.sip.helpers import error_response, generate_branch, generate_tag, make_response
 from gateway.sip.limits import Refusal, SourceLimits, peek_method
 from gateway.sip.message import Address, Request, Response, is_keepalive, parse, partial_request
+from gateway.sip.reasons import reason_phrase
 from gateway.sip.syntax import split_top_level
 from gateway.sip.transaction import (
     Input,
@@ -390,11 +392,11 @@ class TransactionLayer:
 
     @staticmethod
     def _refusal_response(request: Request, refusal: Refusal) -> Response:
-        """503 + Retry-After outside any transaction (§8.2.6; §8.2.6.2: with a To tag)."""
+        """503 + Retry-After (403 for a locked-out source) outside any transaction (§8.2.6;
+        §8.2.6.2: with a To tag)."""
         return make_response(
-            request, 503, to_tag=generate_tag(),
-            headers=[("Retry-After", str(refusal.retry_after_s))],
-        )  # fmt: skip
+            request, refusal.status, to_tag=generate_tag(), headers=_refusal_headers(refusal)
+        )
 
     @staticmethod
     def _merge_key(request: Request) -> tuple[str, str, str] | None:
@@ -429,8 +431,14 @@ _COPIED = {"via": "Via", "v": "Via", "from": "From", "f": "From", "to": "To", "t
            "call-id": "Call-ID", "i": "Call-ID", "cseq": "CSeq"}  # fmt: skip
 
 
+def _refusal_headers(refusal: Refusal) -> list[tuple[str, str]]:
+    # §20.33: Retry-After goes with 503; a lockout's 403 says no more than "refused".
+    return [("Retry-After", str(refusal.retry_after_s))] if refusal.status == 503 else []
+
+
 def quick_refusal(data: bytes, refusal: Refusal) -> bytes | None:
-    """A 503 + Retry-After for a request datagram built from its header lines as text, without
+    """A 503 + Retry-After (or a lockout's 403) for a request datagram built from its header
+    lines as text, without
     parsing or validating them (§8.2.6.2: Via, From, To with a tag added, Call-ID, CSeq); None
     when a field it needs is missing (the datagram is dropped)."""
     head = data.split(b"\n\r\n", 1)[0].split(b"\n\n", 1)[0].decode("utf-8", "surrogateescape")
@@ -443,12 +451,13 @@ def quick_refusal(data: bytes, refusal: Refusal) -> bytes | None:
     names = {name for name, _ in fields}
     if names != {"Via", "From", "To", "Call-ID", "CSeq"}:
         return None
-    lines = ["SIP/2.0 503 Service Unavailable"]
+    lines = [f"SIP/2.0 {refusal.status} {reason_phrase(refusal.status)}"]
     for name, value in fields:
         if name == "To" and ";tag=" not in value.lower().replace(" ", ""):
             value = f"{value};tag={generate_tag()}"
         lines.append(f"{name}: {value}")
-    lines += [f"Retry-After: {refusal.retry_after_s}", "Content-Length: 0", "", ""]
+    lines += [f"{n}: {v}" for n, v in _refusal_headers(refusal)]
+    lines += ["Content-Length: 0", "", ""]
     return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 

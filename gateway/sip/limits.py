@@ -11,15 +11,16 @@ tables here.
   second up to ``burst``. Re-INVITEs count too (they cost a transaction and an SDP answer).
 - A cap on the calls one source has up at once (``call_started`` / ``call_ended``).
 - Failed-auth lockout: ``auth_failures`` failures within ``auth_window_s`` lock the source out
-  for ``lockout_s`` (every new request but ACK, CANCEL and BYE is refused, so its calls up can
-  still end). Nothing calls ``auth_failed``/``auth_succeeded`` yet: the gateway does not
-  authenticate inbound requests (issue 15 part 2 will, and then report each 401/407 retry with
-  wrong credentials here).
+  for ``lockout_s`` (every new request but ACK, CANCEL and BYE is refused with 403, so its
+  calls up can still end). The inbound digest check (``gateway.sip.access``) reports each
+  wrong password, unknown user or broken Authorization header to ``auth_failed`` and each
+  success to ``auth_succeeded``; a first request without credentials is not a failure.
 - A bound on the transaction table (``max_transactions``), whoever sends.
 
 What a refusal looks like is ``action``: ``"reject"`` answers 503 with Retry-After (RFC 3261
-§21.5.4: a well-behaved peer backs off, a proxy fails over), ``"drop"`` sends nothing (no
-reflection towards a spoofed source, and the flooder learns nothing).
+§21.5.4: a well-behaved peer backs off, a proxy fails over) or, for a locked-out source, 403
+(§21.4.4: it is refused, and retrying will not help until the lockout ends); ``"drop"`` sends
+nothing (no reflection towards a spoofed source, and the flooder learns nothing).
 
 Every table is an LRU of at most ``max_sources`` entries, so a flood from spoofed or rotating
 sources cannot grow them without limit. What eviction forgets is the state of the least
@@ -154,11 +155,13 @@ class LimitSettings:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A request that is not admitted: answer 503 + Retry-After unless ``drop``."""
+    """A request that is not admitted: answer ``status`` (503 + Retry-After, or 403 for a
+    locked-out source) unless ``drop``."""
 
     reason: str  # one of REASONS
     drop: bool
     retry_after_s: int
+    status: int = 503
 
 
 @dataclass(slots=True)
@@ -235,7 +238,8 @@ class SourceLimits:
     def _refuse(self, reason: str, ip: str) -> Refusal:
         self.refused[reason] += 1
         s = self.settings
-        return Refusal(reason, s.action == "drop", s.retry_after_s)
+        return Refusal(reason, s.action == "drop", s.retry_after_s,
+                       403 if reason == "lockout" else 503)  # fmt: skip
 
     def refuse_call(self, ip: str) -> Refusal:
         """The call cap was found reached when the call was about to be set up (a burst of

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -83,6 +84,29 @@ def test_windowed_flow_equals_whole(backend: OnnxBackend) -> None:
     reference = whole.latent(0, whole.frames)  # first request for everything: one run
     assert whole.flow_runs == [(0, whole.frames)]
     assert np.max(np.abs(np.concatenate(parts, axis=1) - reference)) < 1e-5
+
+
+def test_flow_blocks_grow_and_run_to_the_end(backend: OnnxBackend) -> None:
+    """Streaming's requests (the first window, then chunk after chunk): the first block is what
+    the first chunk needs, the next ones grow 4x, and a block that would stop within one
+    context of the end runs to the end, so each boundary costs 2 x context frames at most."""
+    context = backend.split.flow_context
+    ids = list(backend.voice.phonemize(LONG)[-1].phoneme_ids)
+    lazy = backend.encode(ids, backend.voice.scales, np.random.default_rng(4))
+    frames = lazy.frames
+    assert frames > 4 * 32 + 128 + context  # long enough for three blocks
+    for start in [0, *range(32, frames, 60)]:
+        lazy.latent(start, min(frames, start + (32 if start == 0 else 60)))
+    runs = lazy.flow_runs
+    assert runs[0] == (0, 32 + context)
+    assert runs[1] == (0, 4 * 32 + 128 + context)
+    assert runs[-1][1] == frames and len(runs) == 3
+    assert all(prev[1] - nxt[0] == 2 * context for prev, nxt in itertools.pairwise(runs))
+    # A request that ends within one context of the end computes everything at once.
+    near = backend.encode(ids, backend.voice.scales, np.random.default_rng(4))
+    near.latent(0, 32)
+    near.latent(32, frames - context)
+    assert near.flow_runs[-1][1] == frames and len(near.flow_runs) == 2
 
 
 @pytest.mark.parametrize("text", TEXTS)

@@ -12,7 +12,6 @@ import os
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -26,6 +25,7 @@ from synth.engines.onnx_engine import (
     make_session_options,
     split_from_meta,
     split_meta,
+    split_piper_graph,
 )
 from synth.engines.voice import Voice
 
@@ -141,65 +141,39 @@ def test_joe_medium_decoder_runs_2d_and_matches_1d(backend: OnnxBackend) -> None
     weights = {t.name: t for t in split.decoder.graph.initializer}
     convs = [n for n in split.decoder.graph.node if n.op_type in ("Conv", "ConvTranspose")]
     assert convs and all(len(weights[n.input[1]].dims) == 4 for n in convs)
-    # The 1-D decoder, for reference: the 2-D graph with its rewrite undone is what the
-    # voice's own graph computes from z (test_onnx_engine compares with the whole model).
+    # The 1-D decoder, for reference: the graph as cut from the voice, before any rewrite
+    # (test_onnx_engine compares with the whole model too).
+    one_d = split_piper_graph(backend.voice.model, rewrite=False)
+    assert not one_d.decoder_2d and not one_d.decoder_passes and not one_d.front_b_2d
     rng = np.random.default_rng(5)
-    one_d = _decoder_1d(split.decoder)
     for frames in (32, 44, 184):
         z = rng.standard_normal((192, frames)).astype(np.float32)
-        want = run(one_d, {split.z_name: z[None]}).reshape(-1)
+        want = run(one_d.decoder, {split.z_name: z[None]}).reshape(-1)
         got = backend.decode(z)
         assert got.shape == want.shape == (frames * backend.hop_length,)
         assert float(np.max(np.abs(got - want))) <= 1e-5
-
-
-def _decoder_1d(model: Any) -> Any:
-    """Undo decoder_as_2d (drop the height axis again): an independent 1-D reference."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    graph = work.graph
-    inits = {t.name: t for t in graph.initializer}
-    z = graph.input[0].name
-    head = next(n for n in graph.node if n.name == "to_2d")
-    z_2d = head.output[0]
-    nodes = []
-    for node in graph.node:
-        if node is head:
-            continue
-        for i, name in enumerate(node.input):
-            if name == z_2d:
-                node.input[i] = z
-        if node.op_type in ("Conv", "ConvTranspose"):
-            w = inits[node.input[1]]
-            w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w)[:, :, 0, :], w.name))
-            attributes = []
-            for a in node.attribute:
-                if a.name in ("kernel_shape", "strides", "dilations", "output_padding"):
-                    attributes.append(helper.make_attribute(a.name, list(a.ints)[1:]))
-                elif a.name == "pads":
-                    attributes.append(helper.make_attribute(a.name, [a.ints[1], a.ints[3]]))
-                else:
-                    attributes.append(a)
-            del node.attribute[:]
-            node.attribute.extend(attributes)
-        nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return work
 
 
 def test_split_meta_keeps_the_decoder_layout(backend: OnnxBackend) -> None:
     split = backend.split
     meta = split_meta(split)
     assert meta["decoder_2d"] is True
+    assert meta["decoder_passes"] == list(split.decoder_passes) and split.decoder_passes
+    assert meta["front_b_2d"] is True
     models = {"front_a": None, "front_b": None, "decoder": None}
-    assert split_from_meta(meta, models).decoder_2d is True
+    restored = split_from_meta(meta, models)
+    assert restored.decoder_2d is True and restored.front_b_2d is True
+    assert restored.decoder_passes == split.decoder_passes
 
 
-def test_graphs_cached_before_the_rewrite_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An entry of split format 1 holds a 1-D decoder: its key must differ from today's."""
+@pytest.mark.parametrize("old_format", [1, 2])
+def test_graphs_cached_before_the_rewrite_are_not_used(
+    monkeypatch: pytest.MonkeyPatch, old_format: int
+) -> None:
+    """An entry of split format 1 holds a 1-D decoder, of format 2 a 2-D decoder without the
+    NCHWc passes and a 1-D flow: their keys must differ from today's."""
     today = cache_key("a" * 64, ort.__version__, "cpu", "all")
-    monkeypatch.setattr(graph_cache, "SPLIT_FORMAT", 1)
+    monkeypatch.setattr(graph_cache, "SPLIT_FORMAT", old_format)
     assert cache_key("a" * 64, ort.__version__, "cpu", "all") != today
 
 

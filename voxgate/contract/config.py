@@ -46,6 +46,9 @@ class BusConfig:
     audio_maxlen: int = 2000
     # Seconds a cancel marker lives; longer than any utterance can take.
     cancel_ttl_s: float = 120.0
+    # Seconds a call's audio stream outlives its last chunk (refreshed by every chunk): what a
+    # gateway killed without hanging up leaves in Redis is gone this long after the last audio.
+    audio_ttl_s: float = 600.0
 
     def validate(self) -> None:
         _choice("bus.kind", self.kind, ("memory", "redis"))
@@ -55,6 +58,7 @@ class BusConfig:
             raise ConfigError(f"bus.redis_url: not a redis URL: {self.redis_url!r}")
         _positive("bus.audio_maxlen", self.audio_maxlen)
         _positive("bus.cancel_ttl_s", self.cancel_ttl_s)
+        _positive("bus.audio_ttl_s", self.audio_ttl_s)
 
 
 @dataclass

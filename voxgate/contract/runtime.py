@@ -16,7 +16,7 @@ from voxgate.contract.config import Config
 
 def build_bus(cfg: Config) -> Bus:
     b = cfg.bus
-    return make_bus(b.kind, b.redis_url, b.prefix, b.audio_maxlen, b.cancel_ttl_s)
+    return make_bus(b.kind, b.redis_url, b.prefix, b.audio_maxlen, b.cancel_ttl_s, b.audio_ttl_s)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

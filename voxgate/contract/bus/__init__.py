@@ -37,12 +37,14 @@ def make_bus(
     prefix: str = "voxgate",
     audio_maxlen: int = 2000,
     cancel_ttl_s: float = 120.0,
+    audio_ttl_s: float = 600.0,
 ) -> Bus:
     """``kind`` is ``"memory"`` (one process, embedded) or ``"redis"``; not yet started."""
     if kind == "memory":
         return MemoryBus(cancel_ttl_s=cancel_ttl_s)
     if kind == "redis":
         return RedisBus(
-            redis_url, prefix=prefix, audio_maxlen=audio_maxlen, cancel_ttl_s=cancel_ttl_s
-        )
+            redis_url, prefix=prefix, audio_maxlen=audio_maxlen, cancel_ttl_s=cancel_ttl_s,
+            audio_ttl_s=audio_ttl_s,
+        )  # fmt: skip
     raise ValueError(f"unknown bus kind {kind!r} (expected 'memory' or 'redis')")

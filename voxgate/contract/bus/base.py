@@ -19,6 +19,7 @@ import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from voxgate.contract.bus.health import BusHealth
 from voxgate.contract.bus.schema import AudioMessage, SchemaError, SpeakRequest
 
 
@@ -54,7 +55,15 @@ class Subscription(abc.ABC):
 
 
 class Bus(abc.ABC):
-    """Async bus interface. All methods are coroutine-safe for many concurrent callers."""
+    """Async bus interface. All methods are coroutine-safe for many concurrent callers.
+
+    ``health`` is the connection's outage bookkeeping (``voxgate.contract.bus.health``): a bus
+    that can lose its server reports every operation into it and refuses operations at once
+    (``BusError``) while the server is known to be down; the in-process bus never goes down.
+    """
+
+    def __init__(self) -> None:
+        self.health = BusHealth()
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -34,6 +34,7 @@ class _Pending:
 
 class MemoryBus(Bus):
     def __init__(self, cancel_ttl_s: float = 120.0) -> None:
+        super().__init__()
         self._cancel_ttl_s = cancel_ttl_s
         self._last_id = (0, 0)
         # Entries not yet delivered to any consumer (the group's "lag"), in id order.

@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +96,7 @@ class RedisBus(Bus):
         reader_block_ms: int = 1000,
         reader_count: int = 64,
     ) -> None:
+        super().__init__()
         self.url = url
         self.prefix = prefix
         self._safe_url = redact_url(url)
@@ -156,11 +157,47 @@ class RedisBus(Bus):
         return self._r
 
     @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
+    def _errors(self, what: str, *, probe: bool = True) -> Iterator[None]:
+        """Run one operation: refused at once while Redis is known to be down and no attempt
+        is due (``health``), its outcome reported, any Redis failure raised as ``BusError``.
+
+        ``probe=False``: refused all through an outage, even when an attempt is due. For what a
+        caller waits on (a say's submit): the audio reader and the readiness ping make the
+        attempts that find Redis back, so a say never pays a connect attempt's retries."""
+        now = time.monotonic()
+        health = self.health
+        if not (health.allow(now) if probe else health.up):
+            # Fail fast: a caller (a say, a publish) learns in microseconds what the next
+            # connect attempt would tell it after its timeouts; attempts follow the backoff.
+            raise BusError(
+                f"{what}: Redis at {self._safe_url} unavailable for {health.down_for(now):.1f} s "
+                f"({health.last_error}); next attempt in {health.retry_in(now):.2f} s"
+            )
         try:
             yield
-        except RedisError as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._lost(exc)
             raise BusError(f"{what} on Redis at {self._safe_url} failed: {exc}") from exc
+        except RedisError as exc:
+            self._answered()  # an error reply (NOGROUP, WRONGTYPE) is an answer: Redis is up
+            raise BusError(f"{what} on Redis at {self._safe_url} failed: {exc}") from exc
+        self._answered()
+
+    def _lost(self, exc: BaseException) -> None:
+        """An operation could not reach Redis; the first of an outage is logged, not the rest."""
+        if self.health.failed(time.monotonic(), str(exc) or type(exc).__name__):
+            log.warning(
+                "lost Redis at %s (%s): bus operations fail fast until it answers; reconnecting "
+                "with backoff (up to %.1f s apart)",
+                self._safe_url,
+                exc,
+                self.health.cap_s,
+            )
+
+    def _answered(self) -> None:
+        lasted = self.health.succeeded(time.monotonic())
+        if lasted is not None:
+            log.warning("Redis at %s is back after an outage of %.2f s", self._safe_url, lasted)
 
     # --- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -227,16 +264,23 @@ class RedisBus(Bus):
             log.error("audio reader had failed: %r", task.exception())
 
     async def ping(self) -> bool:
+        # Never refused while down: readiness pings are the probes that end an outage.
         if self._r is None:
             return False
         try:
-            return bool(await self._r.ping())
-        except (RedisError, OSError):
+            answer = bool(await self._r.ping())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._lost(exc)
             return False
+        except RedisError:
+            self._answered()  # it answered (NOAUTH, say): reachable, but not usable
+            return False
+        self._answered()
+        return answer
 
     # --- gateway side -----------------------------------------------------------------------
     async def submit(self, request: SpeakRequest) -> None:
-        with self._errors("submit"):
+        with self._errors("submit", probe=False):
             # Approximate MAXLEN (~) lets Redis trim whole radix-tree nodes only: cheap, and the
             # stream may briefly hold a little more than req_maxlen entries.
             await self._redis.xadd(
@@ -247,12 +291,12 @@ class RedisBus(Bus):
             )
 
     async def cancel(self, utterance_id: str) -> None:
-        with self._errors("cancel"):
+        with self._errors("cancel", probe=False):
             await self._redis.set(self.cancel_key(utterance_id), b"1", px=self._cancel_ttl_ms)
 
     async def subscribe(self, call_id: str) -> Subscription:
         key = self.audio_stream(call_id)
-        with self._errors("subscribe"):
+        with self._errors("subscribe", probe=False):
             # Pin the start at the stream's current last entry now, not "$" at the reader's next
             # XREAD: "$" would lose whatever is published between this call and that XREAD.
             # No stream yet: from 0-0, so the XADD that creates it is delivered.
@@ -281,13 +325,15 @@ class RedisBus(Bus):
         if self._reader_task is None:
             return
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self._wake_key, {b"w": b"1"}, maxlen=1, approximate=False)
-                pipe.pexpire(self._wake_key, 60_000)  # no leak if this process dies
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
+            with self._errors("wake"):
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.xadd(self._wake_key, {b"w": b"1"}, maxlen=1, approximate=False)
+                    # No leak if this process dies: gone with (or before) its calls' audio.
+                    pipe.pexpire(self._wake_key, min(60_000, self._audio_ttl_ms))
+                    await pipe.execute()
+        except BusError as exc:
             # Not fatal: the reader picks the stream up when its BLOCK times out.
-            log.warning("could not wake the audio reader: %s", exc)
+            log.debug("could not wake the audio reader: %s", exc)
 
     async def drop_call(self, call_id: str) -> None:
         with self._errors("drop_call"):
@@ -465,6 +511,13 @@ class RedisBus(Bus):
             reader = self._reader_r
             if reader is None:
                 return
+            wait = self.health.retry_in(time.monotonic())
+            if wait > 0:
+                # Redis is down and the next attempt is not due: the reader keeps the shared
+                # backoff schedule (one outage, one log line, attempts spaced for everyone).
+                self._reader_healthy = False
+                await asyncio.sleep(self.health.pause_s(time.monotonic()))
+                continue
             tails = [(k, t) for k, t in self._tails.items() if not t.broken]
             streams: dict[str, str] = {self._wake_key: format_id(self._wake_cursor)}
             streams.update((k, format_id(t.cursor)) for k, t in tails)
@@ -477,18 +530,13 @@ class RedisBus(Bus):
             except asyncio.CancelledError:
                 raise
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # The cursors are untouched: the next XREAD resumes exactly where this one was.
+                # The cursors are untouched: the next XREAD resumes exactly where this one was
+                # (after a restart that lost the data too: new entries get later ids).
                 self._reader_healthy = False
-                log.warning(
-                    "audio reader lost Redis at %s (%s); retrying in %.2fs",
-                    self._safe_url,
-                    exc,
-                    backoff,
-                )
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, 2.0)
+                self._lost(exc)  # logged once per outage; the top of the loop waits it out
                 continue
             except ResponseError as exc:
+                self._answered()
                 log.error("audio reader: XREAD refused: %s", exc)
                 await self._quarantine([k for k, _ in tails])
                 await asyncio.sleep(backoff)
@@ -501,6 +549,7 @@ class RedisBus(Bus):
                 continue
             backoff = 0.05
             self._reader_healthy = True
+            self._answered()
             if self._closed:
                 return
             try:

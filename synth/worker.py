@@ -6,6 +6,13 @@ first. Between chunks the task checks the utterance's cancel marker, so synthesi
 one chunk of a barge-in. Every failure is answered on the call's stream as an ``UtteranceError``
 and the request acknowledged: a bad request never crashes the worker or touches another call.
 Requests left unacknowledged by a dead worker are claimed after ``claim_idle_ms`` (XAUTOCLAIM).
+
+A bus outage (Redis stopped or restarted) pauses the utterances in flight at their next bus
+operation; they resume where they stopped once the bus answers again (for up to
+``default_deadline_s``), so the caller hears the rest rather than a re-render. Loops retry on
+the bus's backoff schedule (``Bus.health``), the bus logs the outage once, and after it the
+worker holds off claiming others' requests for ``claim_idle_ms``: idle time that piled up while
+nobody could reach Redis says nothing about whether their worker is alive.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine, StagedWarmup, WarmStep
@@ -39,6 +47,8 @@ from voxgate.contract.bus.schema import (
 from voxgate.contract.logs import bind_log_context
 
 log = logging.getLogger("voxgate.worker")
+
+T = TypeVar("T")
 
 # A request delivered this many times without an ack is poison (it keeps killing workers).
 MAX_DELIVERIES = 3
@@ -139,6 +149,10 @@ class Worker:
         # Errors answered on calls' streams by code, plus "bus" (a request left for a claim
         # because the bus failed): read by synth.metrics.
         self.errors: dict[str, int] = {}
+        # Requests answered whose ack failed (the bus went down in between): acked once it is
+        # back, and never served again if a claim hands one back to us.
+        self._unacked: set[str] = set()
+        self._stopping = False
 
     @property
     def in_flight(self) -> int:
@@ -261,15 +275,17 @@ class Worker:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._slot_freed.wait(), 0.5)
                     continue
+                if self._unacked:
+                    await self._flush_acks()
                 try:
                     deliveries = await self.bus.read_requests(self.name, free, 200)
                 except BusError as exc:
-                    log.warning("bus read failed: %s; retrying", exc)
-                    await asyncio.sleep(0.5)
+                    await self._bus_pause("bus read failed", exc)
                     continue
                 for d in deliveries:
                     self._spawn(d)
         finally:
+            self._stopping = True
             self.ready = False
             for t in tasks:
                 t.cancel()
@@ -280,9 +296,62 @@ class Worker:
             executor.shutdown(wait=False)
             self._executor = None
 
+    async def _bus_pause(self, what: str, exc: BusError) -> None:
+        """After a failed bus operation of a loop: wait until the next attempt is due. An
+        outage is logged once by the bus; an error reply (Redis up) is worth a line each."""
+        health = self.bus.health
+        now = time.monotonic()
+        if health.up:
+            log.warning("%s: %s; retrying", what, exc)
+            await asyncio.sleep(0.5)
+        else:
+            log.debug("%s: %s", what, exc)
+            await asyncio.sleep(health.pause_s(now))
+
+    async def _through_outage(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run one bus operation of an utterance; while the bus is down (not an error reply),
+        wait for it and try again, for up to ``default_deadline_s``, so the utterance resumes
+        where it stopped. Longer (or stopping): the BusError leaves it unacked for a claim."""
+        first_failure: float | None = None
+        while True:
+            try:
+                return await op()
+            except BusError:
+                health = self.bus.health
+                now = time.monotonic()
+                if health.up or self._stopping:
+                    raise
+                if first_failure is None:
+                    first_failure = now
+                elif now - first_failure >= self.default_deadline_s:
+                    raise
+                await asyncio.sleep(health.pause_s(now))
+
+    async def _publish(self, message: AudioChunk | UtteranceEnd | UtteranceError) -> None:
+        await self._through_outage(functools.partial(self.bus.publish, message))
+
+    async def _is_cancelled(self, utterance_id: str) -> bool:
+        return await self._through_outage(functools.partial(self.bus.is_cancelled, utterance_id))
+
+    async def _flush_acks(self) -> None:
+        """Ack what was answered during an outage, once the bus answers again."""
+        for delivery_id in list(self._unacked):
+            try:
+                await self.bus.ack(delivery_id)
+            except BusError:
+                if not self.bus.health.up:
+                    return  # still down: next time
+                # An error reply: the entry (or the whole group, after Redis lost its data) is
+                # gone, so there is nothing left to ack.
+            self._unacked.discard(delivery_id)
+
     def _spawn(self, delivery: Delivery) -> None:
         if delivery.id in self._in_flight:
             return  # already ours and in progress (claimed back from ourselves)
+        if delivery.id in self._unacked:
+            # Answered already; only its ack was lost to an outage: never render it again (the
+            # serving loop acks it next, _flush_acks).
+            return
         task = asyncio.create_task(self._handle(delivery))
         self._last_busy = time.monotonic()
         self._active.add(task)
@@ -306,10 +375,17 @@ class Worker:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
             }
-            with contextlib.suppress(BusError):
+            wait = HEARTBEAT_S
+            try:
                 await self.bus.heartbeat(self.name, info, ttl_s=3 * HEARTBEAT_S)
+            except BusError:
+                # Beat again as soon as an attempt is due: after an outage, gateways see this
+                # worker (and answer OPTIONS 200 again) within the backoff cap, not a period.
+                health = self.bus.health
+                if not health.up:
+                    wait = health.pause_s(time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), HEARTBEAT_S)
+                await asyncio.wait_for(stop.wait(), wait)
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
         period = max(0.05, self.claim_idle_ms / 2000)
@@ -323,14 +399,21 @@ class Worker:
                 # claimed by another worker while this one is still rendering it.
                 await self.bus.touch(self.name, list(self._in_flight))
             except BusError as exc:
-                log.warning("touch failed: %s", exc)
+                if self.bus.health.up:
+                    log.warning("touch failed: %s", exc)
             free = self.concurrency - len(self._active)
             if free <= 0:
+                continue
+            since_outage = self.bus.health.up_for(time.monotonic())
+            if since_outage is not None and since_outage * 1000 < self.claim_idle_ms:
+                # Everyone's requests went idle while Redis was away: give their workers (back
+                # now, touching them) a full claim_idle_ms before taking any over.
                 continue
             try:
                 claimed = await self.bus.claim_stale(self.name, self.claim_idle_ms, free)
             except BusError as exc:
-                log.warning("claim failed: %s", exc)
+                if self.bus.health.up:
+                    log.warning("claim failed: %s", exc)
                 continue
             for d in claimed:
                 log.info(
@@ -389,14 +472,17 @@ class Worker:
                         f"{type(exc).__name__}: {exc}",
                         req.trace_id,
                     )
-        with contextlib.suppress(BusError):
+        try:
             await self.bus.ack(d.id)
+        except BusError:
+            if not self.bus.health.up:
+                self._unacked.add(d.id)  # acked once the bus is back (_flush_acks)
 
     async def _error(
         self, call: str, utt: str, seq: int, code: str, message: str, trace: str
     ) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
-        await self.bus.publish(UtteranceError(call, utt, seq, code, message, trace))
+        await self._publish(UtteranceError(call, utt, seq, code, message, trace))
 
     def _expired(self, d: Delivery, req: SpeakRequest) -> bool:
         now = time.time()
@@ -475,9 +561,9 @@ class Worker:
         )
         seq = 0
         while True:
-            if await self.bus.is_cancelled(utt):
+            if await self._is_cancelled(utt):
                 renderer.stop_requested = True
-                await self.bus.publish(
+                await self._publish(
                     UtteranceEnd(call, utt, seq, "cancelled", renderer.samples, trace)
                 )
                 report("cancelled", renderer.samples, renderer.rate)
@@ -495,7 +581,7 @@ class Worker:
                 break
             progress.compute_s += out.compute_s
             if out.data or out.words:
-                await self.bus.publish(
+                await self._publish(
                     AudioChunk(
                         call,
                         utt,
@@ -514,7 +600,7 @@ class Worker:
                 chunks.append(CachedChunk(out.data, out.offset, out.words))
             if out.final:
                 break
-        await self.bus.publish(UtteranceEnd(call, utt, seq, "done", renderer.samples, trace))
+        await self._publish(UtteranceEnd(call, utt, seq, "done", renderer.samples, trace))
         if self.cache is not None:
             self.cache.put(key, Rendering(renderer.rate, tuple(chunks), renderer.samples))
         report("done", renderer.samples, renderer.rate)
@@ -530,11 +616,11 @@ class Worker:
         call, utt, trace = req.call_id, req.utterance_id, req.trace_id
         sent = 0
         for seq, chunk in enumerate(cached.chunks):
-            if seq % 8 == 0 and await self.bus.is_cancelled(utt):
-                await self.bus.publish(UtteranceEnd(call, utt, seq, "cancelled", sent, trace))
+            if seq % 8 == 0 and await self._is_cancelled(utt):
+                await self._publish(UtteranceEnd(call, utt, seq, "cancelled", sent, trace))
                 report("cancelled", sent, cached.rate)
                 return
-            await self.bus.publish(AudioChunk(
+            await self._publish(AudioChunk(
                 call, utt, seq, cached.rate, chunk.data, chunk.offset, chunk.words, trace
             ))  # fmt: skip
             if seq == 0:
@@ -542,5 +628,5 @@ class Worker:
             progress.chunks = seq + 1
             sent += len(chunk.data) // 2
         end = UtteranceEnd(call, utt, len(cached.chunks), "done", cached.samples, trace)
-        await self.bus.publish(end)
+        await self._publish(end)
         report("done", cached.samples, cached.rate)

@@ -4,7 +4,11 @@
 the gateway keeps this view fresh in the background (every ``period_s``, faster until the
 first worker is ready) and the user agent reads it synchronously: OPTIONS and INVITE get 503
 with Retry-After while it is false (RFC 3261 §21.5.4), so an SBC or dispatcher that probes
-with OPTIONS sends no caller to a gateway that would greet them with silence."""
+with OPTIONS sends no caller to a gateway that would greet them with silence.
+
+Through a Redis outage the view turns false as soon as the bus marks the outage, keeps probing
+(its ping is never refused by the bus's fail-fast gate, so it is what ends the outage on the
+gateway side), and turns true again once the bus answers and a worker's heartbeat is back."""
 
 from __future__ import annotations
 
@@ -29,7 +33,10 @@ class WorkerReadiness:
 
     @property
     def ready(self) -> bool:
-        return self._ready.is_set()
+        # The bus's own outage bookkeeping counts too: the moment any operation finds Redis
+        # gone (the audio reader's blocking XREAD sees the connection drop at once), SIP
+        # answers 503, without waiting for this view's next period.
+        return self._ready.is_set() and self.bus.health.up
 
     async def refresh(self) -> bool:
         """Ask the bus now; returns (and keeps) whether a warmed worker is serving."""

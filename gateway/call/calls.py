@@ -32,6 +32,7 @@ from gateway.call.control import (
     AgentEvent,
     BadRequest,
     BargeIn,
+    BusUnavailable,
     CallInfo,
     CallState,
     CallStateChanged,
@@ -81,6 +82,9 @@ TRANSCRIPT_LINES = 1000
 
 # Error code of an utterance no worker answered in time (gateway side; workers never send it).
 ERR_NO_WORKER = "no_worker"
+# Error code of an utterance refused because the bus (Redis) could not take its request: a say
+# during an outage fails at once with this (and the control API answers 503 bus_unavailable).
+ERR_BUS_UNAVAILABLE = "bus_unavailable"
 
 # A transfer waits this long for its outcome: the final NOTIFY of a REFER, or the answer of a
 # bridged leg (the referred phone rings meanwhile; Timer B of an INVITE is 32 s).
@@ -267,14 +271,34 @@ class Call:
         # No worker answering (all dead, or the bus lost) must not leave the call stuck behind
         # this utterance: past the worker's own deadline it is given up as an error.
         self._loop.call_later(self.manager.synth_timeout_s, self._give_up_if_silent, utt)
-        await self.manager.bus.submit(
-            SpeakRequest(
-                call_id=self.id, utterance_id=utt, text=text,
-                profile=self.profile, trace_id=self.trace_id,  # type: ignore[arg-type]
-                rate=self.rate if self.profile == "wideband" else 0,
-            )
-        )  # fmt: skip
+        try:
+            await self.manager.bus.submit(
+                SpeakRequest(
+                    call_id=self.id, utterance_id=utt, text=text,
+                    profile=self.profile, trace_id=self.trace_id,  # type: ignore[arg-type]
+                    rate=self.rate if self.profile == "wideband" else 0,
+                )
+            )  # fmt: skip
+        except BusError as exc:
+            # Fail fast, never queue (README, "Redis outages"): the request reached no worker,
+            # so the utterance ends now with its error event rather than holding the call's
+            # queue for synth_timeout_s, and whoever said it gets a 503-class error at once.
+            self._unsent(utt, text, exc)
+            raise BusUnavailable(
+                f"utterance {utt} was not queued: the bus is unavailable ({exc})"
+            ) from exc
         return utt
+
+    def _unsent(self, utterance_id: str, text: str, exc: BusError) -> None:
+        """``utterance_id``'s request could not be put on the bus: drop it and say so."""
+        self.playout.cancel(utterance_id)  # nothing was played: its playout events are moot
+        self.utterances.finish(utterance_id)
+        log.warning("call %s: utterance %s refused: %s", self.id, utterance_id, exc,
+                    extra=self.log_fields)  # fmt: skip
+        self.emit(UtteranceFinished(
+            self.id, utterance_id=utterance_id, outcome="error", heard="",
+            error=f"{ERR_BUS_UNAVAILABLE}: {exc}", text=text,
+        ))  # fmt: skip
 
     async def say_stream(
         self, chunks: AsyncIterator[str], *, utterances: list[str] | None = None
@@ -710,18 +734,22 @@ class Call:
         self.emit(record)
 
     def _give_up_if_silent(self, utterance_id: str) -> None:
-        if self._info.state == "ended" or not self.playout.silent_since_enqueued(utterance_id):
+        """The no-worker watchdog (``Utterances.watchdog``): an utterance nothing has come for
+        in ``synth_timeout_s`` (from its say, or since its last chunk) ends with an error, so
+        the call is never left mute behind it."""
+        if self._info.state == "ended":
             return
         timeout = self.manager.synth_timeout_s
-        log.warning("call %s: no audio for utterance %s within %g s; giving up", self.id,
-                    utterance_id, timeout, extra=self.log_fields)  # fmt: skip
-        error = UtteranceError(
-            self.id,
-            utterance_id,
-            0,
-            ERR_NO_WORKER,
-            f"no audio from any worker within {timeout:g} s",
-        )
+        verdict = self.utterances.watchdog(utterance_id, time.monotonic(), timeout)
+        if verdict is None:
+            return
+        if isinstance(verdict, float):
+            delay = max(0.0, verdict - time.monotonic())
+            self._loop.call_later(delay, self._give_up_if_silent, utterance_id)
+            return
+        log.warning("call %s: utterance %s: %s; giving up", self.id, utterance_id, verdict,
+                    extra=self.log_fields)  # fmt: skip
+        error = UtteranceError(self.id, utterance_id, 0, ERR_NO_WORKER, verdict)
         self._on_playout(self.playout.on_message(error))
         # A worker that turns up later skips it.
         self._spawn(self._cancel(utterance_id), name="cancel")
@@ -828,12 +856,25 @@ class Call:
 
     async def _cancel(self, utterance_id: str) -> None:
         self.utterances.cancelled(utterance_id, time.monotonic())
-        with contextlib.suppress(BusError):
-            await self.manager.bus.cancel(utterance_id)
+        bus = self.manager.bus
+        give_up = time.monotonic() + self.manager.synth_timeout_s
+        while True:
+            try:
+                await bus.cancel(utterance_id)
+                return
+            except BusError:
+                # Through an outage (bounded): the worker holding the utterance resumes it when
+                # Redis is back, and must find the cancel then. An error reply is final.
+                now = time.monotonic()
+                if bus.health.up or now >= give_up:
+                    return
+                await asyncio.sleep(bus.health.pause_s(now))
 
     async def _read_audio(self) -> None:
         assert self._sub is not None
         async for msg in self._sub:
+            final = not isinstance(msg, AudioChunk)
+            self.utterances.from_worker(msg.utterance_id, time.monotonic(), last=final)
             asked = (
                 self.utterances.worker_ended(msg.utterance_id)
                 if isinstance(msg, UtteranceEnd)
@@ -853,9 +894,9 @@ class Call:
         if self._agent_gate is not None and not await self._hold_released():
             return
         try:
-            await agent.on_start(self)
+            await self._agent_turn(agent.on_start(self))
             while (event := await self._agent_queue.get()) is not None:
-                await agent.on_event(self, event)
+                await self._agent_turn(agent.on_event(self, event))
         except Conflict as exc:
             if self._info.state != "ended":
                 log.exception("agent failed on call %s; hanging up", self.id)
@@ -870,6 +911,15 @@ class Call:
         finally:
             with contextlib.suppress(Exception):
                 await agent.on_end(self)
+
+    async def _agent_turn(self, turn: Coroutine[Any, Any, None]) -> None:
+        """One agent callback. A say refused because the bus is down cuts that turn short,
+        never the call: the agent has the utterance's error event, the caller keeps the line."""
+        try:
+            await turn
+        except BusUnavailable as exc:
+            log.warning("call %s: agent's turn cut short: %s", self.id, exc.message,
+                        extra=self.log_fields)  # fmt: skip
 
     async def _hold_released(self) -> bool:
         """Wait out ``hold_agent``; whether the agent is to start. What the call's events said

@@ -52,6 +52,13 @@ class Unavailable(ControlError):
     code = "unavailable"
 
 
+class BusUnavailable(Unavailable):
+    """The bus (Redis) cannot be reached: nothing can be synthesized until it answers again.
+    A say refused with it was never queued anywhere (it is not retried later)."""
+
+    code = "bus_unavailable"
+
+
 class Conflict(ControlError):
     """The call is not in a state that allows this (e.g. say on an ended call)."""
 

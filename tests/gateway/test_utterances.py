@@ -28,3 +28,28 @@ def test_cancels_wait_for_the_worker_and_stay_bounded() -> None:
     assert us.pending_cancels == MAX_PENDING_CANCELS
     assert us.worker_ended("c0") is None  # the oldest were forgotten
     assert us.worker_ended(f"c{MAX_PENDING_CANCELS + 9}") == MAX_PENDING_CANCELS + 9
+
+
+def test_the_watchdog_gives_up_what_no_worker_answers_from_the_start() -> None:
+    us = Utterances()
+    us.add(Utterance("u1", "Hello.", said_at=10.0))
+    assert us.watchdog("u1", 12.0, timeout_s=5.0) == 15.0  # look again when it is due
+    verdict = us.watchdog("u1", 15.0, timeout_s=5.0)
+    assert isinstance(verdict, str) and "within 5 s" in verdict
+    assert us.watchdog("gone", 99.0, timeout_s=5.0) is None
+
+
+def test_the_watchdog_gives_up_a_stall_after_the_last_chunk_not_a_long_utterance() -> None:
+    us = Utterances()
+    us.add(Utterance("u1", "A long story.", said_at=0.0))
+    us.from_worker("u1", 1.0, last=False)  # first chunk
+    us.from_worker("u1", 4.0, last=False)  # chunks keep coming: it is alive
+    assert us.watchdog("u1", 5.0, timeout_s=5.0) == 9.0  # from the last chunk, not the say
+    verdict = us.watchdog("u1", 9.0, timeout_s=5.0)
+    assert isinstance(verdict, str) and "after its last chunk" in verdict  # its worker vanished
+    # Once the worker has sent its end, the rest is playout: nothing to watch, however long.
+    us.add(Utterance("u2", "Done quickly.", said_at=0.0))
+    us.from_worker("u2", 0.5, last=True)
+    assert us.watchdog("u2", 1000.0, timeout_s=5.0) is None
+    us.from_worker("nobody", 1.0, last=True)  # a stray message changes nothing
+    assert us.get("nobody") is None

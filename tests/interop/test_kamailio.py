@@ -26,7 +26,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,7 @@ from tests.interop.conftest import free_port, need, port_block
 from voxgate.bench.front import (
     CALL_SCENARIO,
     SCENARIOS,
+    SILENT_UAS_SCENARIO,
     CallRecord,
     Cluster,
     FrontTimers,
@@ -215,6 +216,47 @@ def test_sigkill_while_idle_the_probes_take_it_out(front: Front) -> None:
     front.front.wait_flags({front.a.uri: "A", front.b.uri: "A"}, 10)
     by_port = spread(front.calls("after-kill", 10))
     assert by_port.get(front.a.sip_port, 0) >= 3 and by_port.get(front.b.sip_port, 0) >= 3
+
+
+def test_a_gateway_silent_after_100_trying_does_not_hold_the_call(
+    front: Front, tmp_path: Path
+) -> None:
+    """What a gateway stopped or killed between its 100 Trying and its answer looks like: a
+    sipp UAS that sends 100 and nothing more (and answers the probes, so it stays in the set).
+    The front gives up after FR_INV_GATEWAY_MS (shortened to 2 s here), CANCELs it and sends
+    the call to A: the caller waits that long, the call is not lost."""
+    port = free_port()
+    uas = subprocess.Popen(
+        ["sipp", "-sf", str(SILENT_UAS_SCENARIO), "-i", "127.0.0.1", "-p", str(port), "-aa",
+         "-nostdin", "-trace_err", "-error_file", str(tmp_path / "uas.err")],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    silent = f"sip:127.0.0.1:{port}"
+    stuck = Kamailio(
+        tmp_path, public_port=free_port(), gateways_port=free_port(),
+        destinations=[silent, front.a.uri], timers=replace(TIMERS, fr_inv_gateway_ms=2000),
+    )  # fmt: skip
+    stuck.start()
+    try:
+        stuck.wait_flags({silent: "A", front.a.uri: "A"}, 10)
+        run = start_calls(
+            tmp_path, stuck.address, tag="stuck", calls=4, rate=RATE, hold_ms=100,
+            local_port=free_port(), media_port=port_block(2)[0],
+        )  # fmt: skip
+        rc, records = run.wait(60)
+        assert rc == 0 and len(records) == 4, run.output()
+        retried = stuck.retried()
+        assert all(r.gateway_port == front.a.sip_port and not r.aborted for r in records)
+        held = [r for r in records if r.call_id in retried]
+        assert 1 <= len(held) <= 3, (records, retried)  # round robin: some went to the UAS first
+        assert all(r.setup_s is not None and 1.8 <= r.setup_s <= 2 + MARGIN_S for r in held)
+        assert all(r.setup_s is not None and r.setup_s < 0.5 for r in records if r not in held)
+        assert "gave call" in stuck.log()
+        assert stuck.problems() == []
+    finally:
+        stuck.stop()
+        uas.kill()
+        uas.wait(5)
 
 
 def test_a_gateway_without_workers_is_never_dispatched(front: Front, tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ KAMAILIO_CFG = ROOT / "deploy" / "kamailio" / "kamailio.cfg"
 SCENARIOS = ROOT / "sip-fixtures" / "kamailio"
 CALL_SCENARIO = SCENARIOS / "call_via_front.xml"
 OPTIONS_SCENARIO = SCENARIOS / "options_front.xml"
+SILENT_UAS_SCENARIO = SCENARIOS / "uas_trying_then_silence.xml"
 LOCAL = "127.0.0.1"
 
 
@@ -73,6 +74,7 @@ class FrontTimers:
     inactive_threshold: int = 2
     fr_gateway_ms: int = 1000
     fr_timer_ms: int = 2000
+    fr_inv_gateway_ms: int = 10000
 
     def defines(self) -> list[str]:
         return [
@@ -81,6 +83,7 @@ class FrontTimers:
             f"DS_INACTIVE_THRESHOLD={self.inactive_threshold}",
             f"FR_GATEWAY_MS={self.fr_gateway_ms}",
             f"FR_TIMER_MS={self.fr_timer_ms}",
+            f"FR_INV_GATEWAY_MS={self.fr_inv_gateway_ms}",
         ]
 
     @property

@@ -40,8 +40,8 @@ log = logging.getLogger("voxgate.worker.cache")
 # Bump when split_piper_graph's output or meta.json's content changes meaning. 2: the decoder
 # is saved as its 2-D rewrite (onnx_engine.decoder_as_2d), meta.json says so (decoder_2d).
 # 3: the decoder also rewritten for NCHWc (graph_rewrite.decoder_for_nchwc, decoder_passes in
-# meta.json) and front_b's convolutions 2-D (front_b_2d).
-SPLIT_FORMAT = 3
+# meta.json) and front_b's convolutions 2-D (front_b_2d). 4: front_a's too (front_a_2d).
+SPLIT_FORMAT = 4
 GRAPHS = ("front_a", "front_b", "decoder")
 META = "meta.json"
 

@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from synth.engines.graph_rewrite import PASSES, convs_as_2d, decoder_for_nchwc
 from synth.engines.onnx_engine import OnnxBackend, make_session_options, split_piper_graph
-from synth.engines.voice import Voice
+from synth.engines.voice import DETERMINISTIC, Voice
+from voxgate.bench.synth import PROMPTS
 
 RNG = np.random.default_rng(17)
 
@@ -311,7 +312,7 @@ def backend() -> OnnxBackend:
 def test_joe_medium_uses_every_pass(backend: OnnxBackend) -> None:
     split = backend.split
     assert split.decoder_passes == PASSES
-    assert split.front_b_2d
+    assert split.front_b_2d and split.front_a_2d
 
 
 def test_joe_medium_decoder_runs_blocked(backend: OnnxBackend, tmp_path: Path) -> None:
@@ -336,3 +337,20 @@ def test_joe_medium_flow_2d_matches_1d(backend: OnnxBackend) -> None:
     got = np.asarray(backend._front_b.run([backend.split.z_name], feed)[0])
     # z is O(1); the 2-D kernels sum in another order (measured 2e-5 worst, audio <= 1e-5).
     assert float(np.max(np.abs(got - want))) <= 1e-4
+
+
+def test_joe_medium_front_a_2d_keeps_the_durations(backend: OnnxBackend) -> None:
+    """front_a's 2-D convolutions sum in another order; the durations (a Ceil of the duration
+    predictor) must not move on the bench prompts, with and without duration noise."""
+    one_d = session(split_piper_graph(backend.voice.model, rewrite=False).front_a)
+    durations = [backend.split.durations_name]
+    for text in PROMPTS:
+        for sentence in backend.voice.phonemize(text):
+            ids = list(sentence.phoneme_ids)
+            for scales, seed in ((DETERMINISTIC, 0), (backend.voice.scales, 9)):
+                noise = np.random.default_rng(seed).standard_normal((1, 2, len(ids)))
+                feed = backend._front_feed(ids, scales, noise.astype(np.float32))
+                feed = {i.name: feed[i.name] for i in one_d.get_inputs()}
+                want = np.asarray(one_d.run(durations, feed)[0]).reshape(-1)
+                got = np.asarray(backend._front_a.run(durations, feed)[0]).reshape(-1)
+                np.testing.assert_array_equal(got, want)

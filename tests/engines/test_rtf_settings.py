@@ -144,7 +144,8 @@ def test_joe_medium_decoder_runs_2d_and_matches_1d(backend: OnnxBackend) -> None
     # The 1-D decoder, for reference: the graph as cut from the voice, before any rewrite
     # (test_onnx_engine compares with the whole model too).
     one_d = split_piper_graph(backend.voice.model, rewrite=False)
-    assert not one_d.decoder_2d and not one_d.decoder_passes and not one_d.front_b_2d
+    assert not one_d.decoder_2d and not one_d.decoder_passes
+    assert not one_d.front_b_2d and not one_d.front_a_2d
     rng = np.random.default_rng(5)
     for frames in (32, 44, 184):
         z = rng.standard_normal((192, frames)).astype(np.float32)
@@ -159,19 +160,19 @@ def test_split_meta_keeps_the_decoder_layout(backend: OnnxBackend) -> None:
     meta = split_meta(split)
     assert meta["decoder_2d"] is True
     assert meta["decoder_passes"] == list(split.decoder_passes) and split.decoder_passes
-    assert meta["front_b_2d"] is True
+    assert meta["front_b_2d"] is True and meta["front_a_2d"] is True
     models = {"front_a": None, "front_b": None, "decoder": None}
     restored = split_from_meta(meta, models)
     assert restored.decoder_2d is True and restored.front_b_2d is True
     assert restored.decoder_passes == split.decoder_passes
 
 
-@pytest.mark.parametrize("old_format", [1, 2])
+@pytest.mark.parametrize("old_format", [1, 2, 3])
 def test_graphs_cached_before_the_rewrite_are_not_used(
     monkeypatch: pytest.MonkeyPatch, old_format: int
 ) -> None:
     """An entry of split format 1 holds a 1-D decoder, of format 2 a 2-D decoder without the
-    NCHWc passes and a 1-D flow: their keys must differ from today's."""
+    NCHWc passes and a 1-D flow, of format 3 a 1-D front_a: their keys must differ."""
     today = cache_key("a" * 64, ort.__version__, "cpu", "all")
     monkeypatch.setattr(graph_cache, "SPLIT_FORMAT", old_format)
     assert cache_key("a" * 64, ort.__version__, "cpu", "all") != today

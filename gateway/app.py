@@ -66,10 +66,16 @@ class Gateway:
         # Outbound campaigns (gateway.campaign.service): their store is opened in start().
         self.campaigns = CampaignService(cfg, self.manager)
         self.metrics.watch_campaigns(self.campaigns.in_flight)
-        self.metrics.watch_sip(self.ua.limits.refused_counts, self._sip_transactions)
+        self.metrics.watch_sip(
+            self.ua.limits.refused_counts, self._sip_transactions, self._sip_tls_failures
+        )
 
     def _sip_transactions(self) -> int:
         return self.ua.layer.transaction_count
+
+    def _sip_tls_failures(self) -> dict[str, int]:
+        transport = getattr(self.ua, "transport", None)  # set by SipUA.start
+        return transport.tls_failures if transport is not None else {}
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when the bus answers and at least one warmed-up worker is serving (asked now;

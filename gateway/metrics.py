@@ -41,6 +41,7 @@ from gateway.call.control import (
 )
 from gateway.call.manager import CallManager
 from gateway.campaign.outcomes import Outcome
+from gateway.legs.sip.tls import FAILURE_REASONS as TLS_FAILURE_REASONS
 from gateway.media.recording import ERROR_CODES as RECORDING_ERROR_CODES
 from gateway.sip.limits import REASONS as SIP_REFUSAL_REASONS
 from voxgate.contract.bus.base import Bus, BusError
@@ -56,6 +57,15 @@ MEDIA_COUNTERS: dict[str, tuple[str, str]] = {
     "late_sends": (
         "voxgate_rtp_late_sends",
         "RTP packets sent later than half a frame after their due time (or ticks skipped)",
+    ),
+    # SIP legs with SRTP (gateway.rtp.srtp): inbound packets dropped, never played.
+    "srtp_auth_failures": (
+        "voxgate_srtp_auth_failures",
+        "SRTP/SRTCP packets dropped because they did not authenticate (wrong key, tampered)",
+    ),
+    "srtp_replays": (
+        "voxgate_srtp_replays",
+        "SRTP packets dropped as replays (an index seen before or older than the window)",
     ),
 }
 JITTER_KEY = "jitter_buffer_ms"
@@ -227,6 +237,7 @@ class GatewayMetrics:
         # The SIP user agent's admission state (gateway.sip.limits), read at scrape time.
         self._sip_refused: Callable[[], Mapping[str, int]] | None = None
         self._sip_transactions: Callable[[], int] | None = None
+        self._sip_tls_failures: Callable[[], Mapping[str, int]] | None = None
         r.register(_LiveCollector(self))
         r.register(_RecordingCollector(manager))
         r.register(_ProcessCollector(self))
@@ -259,11 +270,15 @@ class GatewayMetrics:
         self.campaign_in_flight.set_function(lambda: float(in_flight()))
 
     def watch_sip(
-        self, refused: Callable[[], Mapping[str, int]], transactions: Callable[[], int]
+        self,
+        refused: Callable[[], Mapping[str, int]],
+        transactions: Callable[[], int],
+        tls_failures: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Read the SIP requests refused so far, by reason, and the transactions held now at
         each scrape (``SourceLimits.refused_counts``, ``TransactionLayer.transaction_count``)."""
         self._sip_refused, self._sip_transactions = refused, transactions
+        self._sip_tls_failures = tls_failures  # by reason (gateway.legs.sip.tls)
 
     def add_refresher(self, refresh: Callable[[], Awaitable[None]]) -> None:
         """Run ``refresh`` before each scrape (e.g. an embedded worker's metrics)."""
@@ -436,6 +451,19 @@ class GatewayMetrics:
                 "voxgate_sip_transactions", "SIP transactions held now (client and server)",
                 value=self._sip_transactions(),
             )  # fmt: skip
+        if self._sip_tls_failures is not None:
+            failures = self._sip_tls_failures()
+            c = CounterMetricFamily(
+                "voxgate_sip_tls_failures",
+                "SIP TLS connections that failed their handshake, in or out, by reason: "
+                "plaintext (not TLS on the TLS port), certificate (untrusted, expired, wrong "
+                "name or missing), protocol (below TLS 1.2, no common cipher), timeout, "
+                "closed, other",
+                labels=["reason"],
+            )
+            for reason in sorted(set(TLS_FAILURE_REASONS) | set(failures)):
+                c.add_metric([reason], float(failures.get(reason, 0)))
+            yield c
         if self._lag is not None and self._pending is not None:
             yield GaugeMetricFamily(
                 "voxgate_synth_request_stream_lag",

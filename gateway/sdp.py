@@ -3,6 +3,9 @@
 Scope: what a G.711 telephony leg needs.  One audio stream (RTP/AVP or RTP/AVPF), PCMU/PCMA,
 RFC 4733 telephone-event, RFC 3389 comfort noise, ptime/maxptime, direction attributes and
 both hold styles (RFC 3264 §8.4 ``a=sendonly``/``a=inactive``, RFC 2543 ``c=IN IP4 0.0.0.0``).
+SRTP keys by SDES (RFC 4568 ``a=crypto``, RTP/SAVP) per ``gateway.srtp``: the attribute
+grammar and the choice live in :mod:`gateway.sdp_crypto`; ``answer``/``make_offer`` take the
+mode and ``negotiated`` pairs both sides' keys into ``MediaParams.srtp``.
 
 Errors carry the SIP status the signalling layer should answer with:
 
@@ -25,6 +28,9 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
+
+from gateway import sdp_crypto
+from gateway.sdp_crypto import SAVP_PROTOS, SrtpMode, SrtpParams, redact_keys
 
 Direction = Literal["sendrecv", "sendonly", "recvonly", "inactive"]
 DIRECTIONS: tuple[Direction, ...] = ("sendrecv", "sendonly", "recvonly", "inactive")
@@ -57,6 +63,11 @@ class SdpProblem(Exception):
     """Base of the SDP errors; ``status_code`` is the SIP response to send."""
 
     status_code = 400
+
+    def __init__(self, message: str = "") -> None:
+        # Messages quote SDP lines; an SDES key (a=crypto inline:...) must never reach a log
+        # line or a response's reason phrase.
+        super().__init__(redact_keys(message))
 
 
 class SdpError(SdpProblem, ValueError):
@@ -489,7 +500,7 @@ def parse(data: str | bytes) -> SessionDescription:
     _validate_attributes(sess.attributes)
     for m in sess.media:
         _validate_attributes(m.attributes)
-        if m.proto in _RTP_PROTOS:
+        if m.proto in _RTP_PROTOS or m.proto in SAVP_PROTOS:
             m.rtpmaps  # noqa: B018  # validates every rtpmap eagerly: malformed SDP is a 400
             for fmt in m.formats:
                 if not fmt.isdigit() or int(fmt) > 127:
@@ -551,6 +562,8 @@ class MediaParams:
     recv_payload_type: int | None = None
     recv_dtmf_pt: int | None = None
     cn_pt: int | None = None
+    # SRTP keys of both directions (SDES, RFC 4568) when the stream is encrypted.
+    srtp: SrtpParams | None = None
 
     @property
     def sends(self) -> bool:
@@ -638,6 +651,7 @@ def answer(
     previous: SessionDescription | None = None,
     comfort_noise: bool = False,
     session_name: str = "voxgate",
+    srtp: SrtpMode = "off",
 ) -> SessionDescription:
     """Build the RFC 3264 §6 answer to ``offer``.
 
@@ -651,9 +665,12 @@ def answer(
     * ptime: see :func:`choose_ptime`; direction mirrored (§6.1), and a hold by
       ``c=0.0.0.0`` (§8.4) means we must not send, so ``send`` is dropped from the answer.
     * ``previous``: our last SDP in this dialog; the o= line is kept with the version +1
-      (§8), or unchanged when the new body is identical.
+      (§8), or unchanged when the new body is identical; our SRTP key is kept with it.
+    * ``srtp``: which streams are accepted with or without ``a=crypto`` and when the answer
+      carries one (``gateway.sdp_crypto.answer_stream``, RFC 4568 §7.1.2).
 
-    Raises :class:`SdpNegotiationError` (488) when no audio stream has a common codec.
+    Raises :class:`SdpNegotiationError` (488) when no audio stream has a common codec, or
+    none meets the SRTP mode (the reason says which).
     """
     wanted = [c.upper() for c in supported]
     for c in wanted:
@@ -669,8 +686,23 @@ def answer(
     )
     accepted = False
     saw_audio = False
+    crypto_problems: list[str] = []
+    previous_crypto = _own_crypto(previous)
     for m in offer.media:
-        reply = _answer_media(offer, m, wanted, prefer, comfort_noise) if not accepted else None
+        reply = None
+        if not accepted:
+            reply = _answer_media(offer, m, wanted, prefer, comfort_noise)
+        if reply is not None:
+            decision = sdp_crypto.answer_stream(
+                m.proto, m.attribute_values("crypto"), srtp, previous_crypto
+            )
+            if not decision.accept:
+                crypto_problems.append(decision.reason)
+                reply = None
+            elif decision.attribute is not None:
+                # §7.1.2: one attribute, the chosen one's tag and suite with our key; before
+                # the direction attribute, which stays last.
+                reply.attributes.insert(-1, ("crypto", str(decision.attribute)))
         if m.media == "audio" and m.port != 0:
             saw_audio = True
         if reply is None:
@@ -682,9 +714,26 @@ def answer(
     if not accepted:
         if not saw_audio:
             raise SdpNegotiationError("no audio stream in the offer")
+        if crypto_problems:
+            raise SdpNegotiationError(crypto_problems[0])
         raise SdpNegotiationError("no common codec: we support " + ", ".join(wanted))
     _finish_version(out, previous)
     return out
+
+
+def _is_rtp(proto: str) -> bool:
+    """RTP/AVP(F), or its SRTP profile RTP/SAVP(F) (RFC 3711 §12): whether SRTP is acceptable
+    is the SRTP mode's decision (``gateway.sdp_crypto``), not the codec negotiation's."""
+    return proto in _RTP_PROTOS or proto in SAVP_PROTOS
+
+
+def _own_crypto(previous: SessionDescription | None) -> sdp_crypto.CryptoAttribute | None:
+    """Our a=crypto in the active audio stream of our last SDP (kept across a re-answer)."""
+    m = _audio_section(previous) if previous is not None else None
+    if m is None:
+        return None
+    good, _ = sdp_crypto.parse_all(m.attribute_values("crypto"))
+    return good[0] if len(good) == 1 else None
 
 
 def _rejected(m: MediaDescription) -> MediaDescription:
@@ -699,7 +748,7 @@ def _answer_media(
     prefer: str | None,
     comfort_noise: bool,
 ) -> MediaDescription | None:
-    if m.media != "audio" or m.port == 0 or m.proto not in _RTP_PROTOS:
+    if m.media != "audio" or m.port == 0 or not _is_rtp(m.proto):
         return None
     conn = offer.media_connection(m)
     if conn is None:
@@ -751,10 +800,14 @@ def make_offer(
     comfort_noise: bool = False,
     previous: SessionDescription | None = None,
     session_name: str = "voxgate",
+    srtp: SrtpMode = "off",
 ) -> SessionDescription:
     """An offer for an outbound call (or a re-offer when ``previous`` is our last SDP).
 
     Hold is ``direction="sendonly"`` (RFC 3264 §8.4 recommends it over c=0.0.0.0).
+    ``srtp`` "required": RTP/SAVP with an ``a=crypto`` per supported suite (RFC 4568 §7.1.1);
+    "optional": the same attributes on RTP/AVP, so a callee without SRTP still answers (plain);
+    a re-offer keeps the keys of ``previous``.
     """
     if ptime not in ALLOWED_PTIME:
         raise ValueError(f"ptime must be one of {ALLOWED_PTIME}, got {ptime}")
@@ -771,12 +824,19 @@ def make_offer(
     if comfort_noise:
         formats.append("13")
         attrs.append(("rtpmap", "13 CN/8000"))
-    attrs += [("ptime", str(ptime)), (direction, None)]
+    attrs.append(("ptime", str(ptime)))
+    proto = "RTP/AVP"
+    if srtp != "off":
+        proto = "RTP/SAVP" if srtp == "required" else "RTP/AVP"
+        before = _audio_section(previous) if previous is not None else None
+        kept, _ = sdp_crypto.parse_all(before.attribute_values("crypto") if before else [])
+        attrs += [("crypto", str(a)) for a in sdp_crypto.offer_attributes(kept)]
+    attrs.append((direction, None))
     out = SessionDescription(
         origin=_new_origin(local_ip, previous),
         name=session_name,
         connection=Connection("IN", _addrtype(local_ip), local_ip),
-        media=[MediaDescription("audio", port, "RTP/AVP", formats, attributes=attrs)],
+        media=[MediaDescription("audio", port, proto, formats, attributes=attrs)],
     )
     _finish_version(out, previous)
     return out
@@ -784,9 +844,46 @@ def make_offer(
 
 def _audio_section(sdp: SessionDescription) -> MediaDescription | None:
     for m in sdp.media:
-        if m.media == "audio" and m.port != 0 and m.proto in _RTP_PROTOS:
+        if _active_audio(m):
             return m
     return None
+
+
+def _active_audio(m: MediaDescription) -> bool:
+    return m.media == "audio" and m.port != 0 and _is_rtp(m.proto)
+
+
+def _paired_audio(
+    remote: SessionDescription, local: SessionDescription | None
+) -> tuple[MediaDescription | None, MediaDescription | None]:
+    """The audio stream of an offer/answer pair: RFC 3264 §6 keeps the offer's m-lines in the
+    answer, in order, so the stream is the first index active on both sides (an offer's
+    earlier stream that the answer rejected, e.g. RTP/SAVP with SRTP off, is skipped)."""
+    if local is None:
+        return _audio_section(remote), None
+    lm = _audio_section(local)
+    if len(remote.media) != len(local.media):
+        return _audio_section(remote), lm  # not a well-formed pair: the first of each
+    for r, m in zip(remote.media, local.media, strict=True):
+        if _active_audio(r) and _active_audio(m):
+            return r, m
+    return None, lm
+
+
+def _srtp_of(rm: MediaDescription, lm: MediaDescription | None) -> SrtpParams | None:
+    """SRTP keys of the paired stream (RFC 4568 §7.1.3), None for plain RTP. An RTP/SAVP
+    stream without a matching pair of a=crypto lines cannot carry media: 488."""
+    theirs = rm.attribute_values("crypto")
+    ours = lm.attribute_values("crypto") if lm is not None else []
+    secure = rm.proto in SAVP_PROTOS or (lm is not None and lm.proto in SAVP_PROTOS)
+    if theirs and ours:
+        try:
+            return sdp_crypto.pair(theirs, ours)
+        except sdp_crypto.CryptoError as exc:
+            raise SdpNegotiationError(f"SRTP: {exc}") from None
+    if secure:
+        raise SdpNegotiationError("SRTP: an RTP/SAVP stream without a=crypto on both sides")
+    return None  # best-effort SRTP declined (or never offered): plain RTP
 
 
 def _first_codec(m: MediaDescription, also_in: MediaDescription | None) -> tuple[str, int] | None:
@@ -826,15 +923,14 @@ def negotiated(remote: SessionDescription, local: SessionDescription | None = No
 
     Raises :class:`SdpNegotiationError` when there is no usable audio stream or codec.
     """
-    rm = _audio_section(remote)
+    rm, lm = _paired_audio(remote, local)
+    if local is not None and lm is None and _audio_section(remote) is not None:
+        raise SdpNegotiationError("no active audio stream in the local SDP")
     if rm is None:
         raise SdpNegotiationError("no active audio stream")
     conn = remote.media_connection(rm)
     if conn is None:
         raise SdpError("no c= line for the audio stream (RFC 8866 §5.7)")
-    lm = _audio_section(local) if local is not None else None
-    if local is not None and lm is None:
-        raise SdpNegotiationError("no active audio stream in the local SDP")
 
     # RFC 3264 §6.1/§7: the answer's order is the preference.  Our answers list one codec and
     # a remote answer lists its choice first, so "first codec of the remote SDP that the local
@@ -876,6 +972,7 @@ def negotiated(remote: SessionDescription, local: SessionDescription | None = No
         recv_payload_type=recv_pt,
         recv_dtmf_pt=recv_dtmf,
         cn_pt=cn_pt,
+        srtp=_srtp_of(rm, lm),
     )
 
 

@@ -30,6 +30,7 @@ from gateway.rtp.jitter import JitterFrame
 from gateway.rtp.latch import Addr
 from gateway.rtp.pacer import Ticker
 from gateway.rtp.session import JitterConfig, RtpSession, TickResult
+from gateway.rtp.srtp import SrtpContext, srtp_for
 from gateway.sdp import MediaParams
 
 DEFAULT_PORT_RANGE = (10000, 20000)
@@ -62,6 +63,9 @@ class RtpEndpoint:
         self.on_dtmf: Callable[[DtmfDigit], None] | None = None
         self.send_errors = 0
         self.dropped_early = 0
+        # SRTP (SDES) when negotiated: unprotect before the session parses, protect after the
+        # pacer builds (gateway.rtp.srtp); None: plain RTP.
+        self.srtp: SrtpContext | None = None
 
     @classmethod
     async def open(
@@ -115,6 +119,7 @@ class RtpEndpoint:
             self.session = RtpSession(params, jitter=jitter, cn=cn)
         else:
             self.session.update(params)
+        self.srtp = srtp_for(params.srtp, self.srtp)
         return self.session
 
     # -- inbound ---------------------------------------------------------------------------
@@ -123,6 +128,10 @@ class RtpEndpoint:
         if session is None:
             self.dropped_early += 1  # media before the answer was built: nothing to do yet
             return
+        if self.srtp is not None and (plain := self.srtp.unprotect(data)) is not None:
+            data = plain
+        elif self.srtp is not None:
+            return  # not authentic, a replay or garbage: counted in srtp.stats
         digits = session.receive(data, addr, self._loop.time())
         if digits and self.on_dtmf is not None:
             for d in digits:
@@ -146,7 +155,7 @@ class RtpEndpoint:
         if result.packet is not None and self.transport is not None:
             remote = session.remote
             if remote is not None:
-                self.transport.sendto(result.packet, remote)
+                self.send_packet(result.packet, remote)
         try:
             if self.on_audio is not None:
                 self.on_audio(result.frame)
@@ -157,6 +166,16 @@ class RtpEndpoint:
             # One call's consumer must not stop the ticker that paces every other call.
             log.exception("media callback failed on port %d", self.local_port)
         return result
+
+    def send_packet(self, packet: bytes, remote: Addr) -> None:
+        """One RTP packet the pacer built onto the socket, SRTP-protected when negotiated."""
+        if self.srtp is not None:
+            protected = self.srtp.protect(packet)
+            if protected is None:
+                return  # counted in srtp.stats.protect_errors
+            packet = protected
+        if self.transport is not None:
+            self.transport.sendto(packet, remote)
 
     def close(self) -> None:
         if self.transport is not None:

@@ -54,6 +54,9 @@ GATEWAY = {
     "voxgate_asyncio_tasks": "gauge",
     "voxgate_process_open_fds": "gauge",
     "voxgate_process_resident_memory_bytes": "gauge",
+    "voxgate_sip_tls_failures": "counter",
+    "voxgate_srtp_auth_failures": "counter",
+    "voxgate_srtp_replays": "counter",
 }
 WORKER = {
     "voxgate_worker_ready": "gauge",

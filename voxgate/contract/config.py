@@ -192,6 +192,22 @@ class GatewayConfig:
     limit_sources: int = 10000
     # SIP transactions held at once; a new request beyond it is refused like a rate limit.
     max_transactions: int = 8192
+    # SIP over TLS (RFC 3261 §26, sips: URIs, transport=tls): "" is off, else HOST:PORT
+    # (5061 is the standard port). TLS 1.2 at least; tls_cert/tls_key (PEM) are the
+    # gateway's certificate chain and key, for the listener and as the client certificate
+    # on outbound connections. tls_ca_file (PEM) verifies the peer's certificate on outbound
+    # connections (with its host name; empty: the system's CA store) and, with
+    # tls_verify_client, inbound clients (mutual TLS for trunks: no valid certificate, no
+    # connection).
+    tls_listen: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca_file: str = ""
+    tls_verify_client: bool = False
+    # SRTP with SDES keys (RFC 4568, RFC 3711) on SIP legs: "off" (plain RTP; RTP/SAVP
+    # offers get 488), "optional" (encrypt when the peer offers or accepts a=crypto) or
+    # "required" (plain RTP offers get 488; outbound offers are RTP/SAVP).
+    srtp: str = "off"
 
     def validate(self) -> None:
         for key, value in (
@@ -236,6 +252,22 @@ class GatewayConfig:
         _positive("gateway.limit_lockout_s", self.limit_lockout_s)
         _positive("gateway.limit_sources", self.limit_sources)
         _positive("gateway.max_transactions", self.max_transactions)
+        _choice("gateway.srtp", self.srtp, ("off", "optional", "required"))
+        if self.tls_listen:
+            parse_hostport("gateway.tls_listen", self.tls_listen)
+            for key in ("tls_cert", "tls_key"):
+                if not getattr(self, key):
+                    raise ConfigError(f"gateway.{key}: needed with gateway.tls_listen")
+        for key in ("tls_cert", "tls_key", "tls_ca_file"):
+            path = getattr(self, key)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"gateway.{key}: no such file: {path!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("gateway.tls_cert/tls_key: set both or neither")
+        if self.tls_verify_client and not (self.tls_listen and self.tls_ca_file):
+            raise ConfigError(
+                "gateway.tls_verify_client: needs gateway.tls_listen and gateway.tls_ca_file"
+            )
 
 
 @dataclass

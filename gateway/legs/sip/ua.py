@@ -11,6 +11,12 @@ when no codec is common (RFC 3264 §6). New requests meet the per-source limits 
 each inbound call against its source while it is up.
 UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
 (RFC 8760), CANCEL while ringing, BYE once up.
+TLS (RFC 3261 §26, ``gateway.tls_listen``): a call whose INVITE came over TLS, or placed to a
+``sips:`` or ``transport=tls`` URI, keeps its signalling on TLS: Via, Contact (``sips:`` when
+the Request-URI was, §8.1.1.8, else ``;transport=tls``) and in-dialog requests, which reuse
+the call's connection while it is open (phones behind NAT are reachable no other way) and
+otherwise open a verified one to the remote target. SRTP (``gateway.srtp``, SDES) is decided
+in the offer/answer (``gateway.sdp``); a plain offer with srtp "required" gets 488.
 Transfer (RFC 3515): ``SipLeg.refer`` sends an in-dialog REFER and follows its implicit
 subscription (the NOTIFYs' sipfrag, ``gateway.sip.refer``); a REFER from the far end is
 declined 603 unless ``gateway.accept_refer``, and then the referred call is placed as an
@@ -38,9 +44,11 @@ from gateway.call.control import (
     Unavailable,
 )
 from gateway.call.manager import CallManager
+from gateway.legs.sip import tls
 from gateway.legs.sip.transport import SipTransport, local_ip_for
 from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
+from gateway.sdp_crypto import SRTP_MODES, SrtpMode
 from gateway.sip import (
     CancelReceived,
     Dialog,
@@ -123,6 +131,8 @@ class SipLeg:
     referee_task: asyncio.Task[None] | None = None
     # The source IP this inbound call counts against (gateway.sip.limits), until it ends.
     counted_source: str | None = None
+    # The signalling transport of the call: "TLS" keeps every request of the dialog on TLS.
+    signalling: str = "UDP"
 
     # --- Leg protocol --------------------------------------------------------------------
     async def hangup(self, reason: str) -> None:
@@ -145,7 +155,7 @@ class SipLeg:
         if self.dialog is not None:
             addr = self.ua.in_dialog_addr(self)
             bye = self.dialog.create_request(
-                "BYE", sent_by=self.ua.sent_by(self.local_ip),
+                "BYE", sent_by=self.ua.sent_by(self.local_ip, addr),
                 transport=self.ua.transport.via_transport(addr),
             )  # fmt: skip
             self.ua.transport.send_request(bye, addr)
@@ -162,7 +172,12 @@ class SipLeg:
         """RTP counters for ``/metrics`` (``gateway.metrics.MediaStatsLeg``); read at scrape
         time, and once more when the call ends (the session outlives its closed socket)."""
         session = self.endpoint.session if self.endpoint is not None else None
-        return session.media_stats() if session is not None else {}
+        stats = session.media_stats() if session is not None else {}
+        srtp = self.endpoint.srtp if self.endpoint is not None else None
+        if srtp is not None:
+            stats["srtp_auth_failures"] = float(srtp.stats.auth_failures)
+            stats["srtp_replays"] = float(srtp.stats.replays)
+        return stats
 
     async def refer(
         self, target: str, *, timeout_s: float, on_progress: Callable[[int, str], None]
@@ -277,6 +292,12 @@ class SipUA:
         host, port = parse_hostport("gateway.sip_listen", self.cfg.sip_listen)
         self.transport = SipTransport(self.layer, self._on_event)
         await self.transport.listen(host, port)
+        if self.cfg.tls_listen:
+            thost, tport = parse_hostport("gateway.tls_listen", self.cfg.tls_listen)
+            server, client = tls.contexts(self.cfg)
+            await self.transport.listen_tls(thost, tport, server, client)
+            mutual = " (client certificates required)" if self.cfg.tls_verify_client else ""
+            log.info("SIP over TLS listening on %s:%d%s", thost, self.transport.tls_port, mutual)
         self.manager.originate_hook = self.originate
         log.info("SIP listening on %s:%d (UDP and TCP)", host, self.transport.port)
 
@@ -290,18 +311,53 @@ class SipUA:
     def local_address(self, peer_ip: str) -> str:
         return self.cfg.public_address or local_ip_for(peer_ip)
 
-    def sent_by(self, local_ip: str) -> str:
+    def sent_by(self, local_ip: str, addr: Address | None = None) -> str:
+        """Via sent-by (and Contact host:port) for a message to ``addr``: the TLS listener's
+        port when it goes over TLS (§18.1.1: the port where we receive on that transport)."""
         host = f"[{local_ip}]" if ":" in local_ip else local_ip
-        return f"{host}:{self.transport.port}"
+        over_tls = addr is not None and self.transport.via_transport(addr) == "TLS"
+        return f"{host}:{self.transport.tls_port if over_tls else self.transport.port}"
 
-    def contact(self, local_ip: str, user: str | None = None) -> NameAddr:
-        return NameAddr.parse(f"<sip:{user or self.cfg.from_user}@{self.sent_by(local_ip)}>")
+    def contact(
+        self,
+        local_ip: str,
+        user: str | None = None,
+        addr: Address | None = None,
+        *,
+        secure: bool = False,
+    ) -> NameAddr:
+        """Our Contact for a dialog with ``addr``. Over TLS it must lead back over TLS: a
+        ``sips:`` URI when the request's was (``secure``, §8.1.1.8 / §12.1.1), otherwise
+        ``;transport=tls`` at the TLS port."""
+        over_tls = addr is not None and self.transport.via_transport(addr) == "TLS"
+        scheme = "sips" if over_tls and secure else "sip"
+        tail = ";transport=tls" if over_tls and not secure else ""
+        hostport = self.sent_by(local_ip, addr)
+        return NameAddr.parse(f"<{scheme}:{user or self.cfg.from_user}@{hostport}{tail}>")
 
     def in_dialog_addr(self, leg: SipLeg) -> Address:
         """Where in-dialog requests go: the remote target (or first route), resolved; the
-        INVITE's source when the target cannot be resolved (NATed phones)."""
+        INVITE's source when the target cannot be resolved (NATed phones). A TLS call reuses
+        its open connection (RFC 5923's reuse, what a phone behind NAT needs), else opens one
+        to the target with the target's host name verified."""
         assert leg.dialog is not None
-        return resolve_uri(leg.dialog.next_hop(), leg.peer)
+        if leg.extra.get("flow"):
+            return leg.peer  # a registered phone reached through its REGISTER's flow (NAT)
+        hop = leg.dialog.next_hop()
+        if leg.signalling == "TLS":
+            if self.transport.connection_open(leg.peer):
+                return leg.peer
+            addr = resolve_uri(hop, leg.peer)
+            if self.transport.tls_enabled and not self.transport.connection_open(addr):
+                host = hop.host_for_connect if isinstance(hop, SipUri) else addr[0]
+                self.transport.connect_tls(addr, host)
+            return addr
+        return resolve_uri(hop, leg.peer)
+
+    def _srtp_mode(self) -> SrtpMode:
+        mode = self.cfg.srtp
+        assert mode in SRTP_MODES, mode  # GatewayConfig.validate
+        return mode  # type: ignore[return-value]  # narrowed by the assertion
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
@@ -434,11 +490,12 @@ class SipUA:
             )
             return None
         params: sdp.MediaParams | None = None
+        srtp = self._srtp_mode()
         try:
             if offer is None:
-                answer = sdp.make_offer(local_ip, endpoint.local_port)
+                answer = sdp.make_offer(local_ip, endpoint.local_port, srtp=srtp)
             else:
-                answer = sdp.answer(offer, local_ip, endpoint.local_port)
+                answer = sdp.answer(offer, local_ip, endpoint.local_port, srtp=srtp)
                 params = sdp.negotiated(offer, answer)
         except sdp.SdpNegotiationError as exc:
             endpoint.close()
@@ -457,12 +514,15 @@ class SipUA:
                      invite_tid=tid, local_sdp=answer)  # fmt: skip
         call.leg = leg
         leg.counted_source = addr[0]
+        leg.signalling = self.transport.via_transport(addr)
         self.legs.add(leg)
         self.pending_invites[tid] = leg
         if params is not None:
             self._start_media(leg, params)
         try:
-            contact = self.contact(local_ip, req.uri.user if isinstance(req.uri, SipUri) else None)
+            user = req.uri.user if isinstance(req.uri, SipUri) else None
+            secure = isinstance(req.uri, SipUri) and req.uri.secure
+            contact = self.contact(local_ip, user, addr, secure=secure)
             leg.dialog = Dialog.from_uas_request(req, leg.local_tag, contact)
         except SipParseError as exc:
             self.pending_invites.pop(tid, None)
@@ -560,7 +620,7 @@ class SipUA:
             try:
                 offer = sdp.parse(req.body)
                 answer = sdp.answer(offer, leg.local_ip, leg.endpoint.local_port,
-                                    previous=leg.local_sdp)  # fmt: skip
+                                    previous=leg.local_sdp, srtp=self._srtp_mode())  # fmt: skip
                 params = sdp.negotiated(offer, answer)
             except sdp.SdpError as exc:
                 self._respond(tid, make_response(req, 400, f"Bad SDP: {exc}"[:120]))
@@ -588,27 +648,38 @@ class SipUA:
         if not isinstance(target, SipUri):
             raise Unavailable(f"only sip:/sips: targets are supported, got {to!r}")
         hop_uri = parse_uri(self.cfg.trunk) if self.cfg.trunk else target
+        over_tls = uses_tls(hop_uri) or target.secure
+        if over_tls and not self.transport.tls_enabled:
+            raise Unavailable(f"{to!r} needs SIP over TLS: set gateway.tls_listen")
         peer = resolve_uri(hop_uri, None)
         local_ip = self.local_address(peer[0])
         endpoint = await RtpEndpoint.open(
             bind_ip(self.cfg, local_ip), (self.cfg.rtp_port_min, self.cfg.rtp_port_max)
         )
-        offer = sdp.make_offer(local_ip, endpoint.local_port)
+        offer = sdp.make_offer(local_ip, endpoint.local_port, srtp=self._srtp_mode())
         user = caller or self.cfg.from_user
+        if over_tls:
+            # The certificate must name the host we dial (RFC 5922 §7.2).
+            host = hop_uri.host_for_connect if isinstance(hop_uri, SipUri) else peer[0]
+            self.transport.connect_tls(peer, host)
+        via = self.transport.via_transport(peer) if over_tls else "UDP"
+        scheme = "sips" if target.secure else "sip"
         h = Headers()
-        h.add("Via", f"SIP/2.0/UDP {self.sent_by(local_ip)};branch={generate_branch()};rport")
+        h.add("Via", f"SIP/2.0/{via} {self.sent_by(local_ip, peer)};branch={generate_branch()}"
+                     ";rport")  # fmt: skip
         h.add("Max-Forwards", "70")
-        h.add("From", f"<sip:{user}@{self.sent_by(local_ip)}>;tag={generate_tag()}")
+        h.add("From", f"<{scheme}:{user}@{self.sent_by(local_ip, peer)}>;tag={generate_tag()}")
         h.add("To", f"<{target}>")
         h.add("Call-ID", generate_call_id(local_ip))
         h.add("CSeq", "1 INVITE")
-        h.add("Contact", str(self.contact(local_ip, user)))
+        h.add("Contact", str(self.contact(local_ip, user, peer, secure=target.secure)))
         h.add("Allow", ALLOW)
         h.add("User-Agent", USER_AGENT)
         h.add("Content-Type", "application/sdp")
         invite = Request("INVITE", target, h, bytes(offer))
         call = self.manager.new_call("sip", "outbound", str(target), f"sip:{user}@{local_ip}")
         leg = SipLeg(self, call, invite, peer, local_ip, endpoint=endpoint, local_sdp=offer)
+        leg.signalling = "TLS" if over_tls else "UDP"
         if self.cfg.trunk_username:
             leg.auth = DigestAuthenticator(self.cfg.trunk_username, self.cfg.trunk_password)
         call.leg = leg
@@ -659,7 +730,7 @@ class SipUA:
             self.dialogs[leg.dialog.id] = leg
         addr = self.in_dialog_addr(leg)
         ack = leg.dialog.create_ack(
-            leg.invite, sent_by=self.sent_by(leg.local_ip),
+            leg.invite, sent_by=self.sent_by(leg.local_ip, addr),
             transport=self.transport.via_transport(addr),
         )  # fmt: skip
         self.transport.send_stateless(ack, addr)
@@ -669,7 +740,7 @@ class SipUA:
             leg.extra["bye_sent"] = True
             bye = leg.dialog.create_request(
                 "BYE",
-                sent_by=self.sent_by(leg.local_ip),
+                sent_by=self.sent_by(leg.local_ip, addr),
                 transport=self.transport.via_transport(addr),
             )
             self.transport.send_request(bye, addr)
@@ -725,7 +796,7 @@ class SipUA:
             raise BadRequest(f"bad target URI {target!r}: {exc}") from None
         addr = self.in_dialog_addr(leg)
         refer = build_refer(
-            leg.dialog, uri, sent_by=self.sent_by(leg.local_ip),
+            leg.dialog, uri, sent_by=self.sent_by(leg.local_ip, addr),
             transport=self.transport.via_transport(addr),
         )  # fmt: skip
         refer.headers.add("User-Agent", USER_AGENT)
@@ -815,7 +886,7 @@ class SipUA:
             return  # the referrer hung up already: nobody to tell
         addr = self.in_dialog_addr(leg)
         notify = build_notify(
-            leg.dialog, refer_cseq, frag, sent_by=self.sent_by(leg.local_ip),
+            leg.dialog, refer_cseq, frag, sent_by=self.sent_by(leg.local_ip, addr),
             transport=self.transport.via_transport(addr),
         )  # fmt: skip
         self.transport.send_request(notify, addr)
@@ -895,7 +966,7 @@ def resolve_uri(uri: object, fallback: Address | None) -> Address:
         if fallback is None:
             raise Unavailable(f"cannot route to {uri}")
         return fallback
-    port = uri.port or (5061 if uri.secure else 5060)
+    port = uri.port or (5061 if uses_tls(uri) else 5060)
     host = uri.host_for_connect
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
@@ -905,6 +976,13 @@ def resolve_uri(uri: object, fallback: Address | None) -> Address:
         return fallback
     addr = info[0][4]
     return (str(addr[0]), int(addr[1]))
+
+
+def uses_tls(uri: object) -> bool:
+    """A ``sips:`` URI, or a ``sip:`` one with ``transport=tls`` (RFC 3261 §19.1.1, §26.2)."""
+    if not isinstance(uri, SipUri):
+        return False
+    return uri.secure or (uri.param("transport") or "").lower() == "tls"
 
 
 def info_dtmf(req: Request) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -133,3 +134,31 @@ async def test_a_restart_that_lost_the_data_recreates_the_group_and_streams(
         ttl = raw.pttl(bus.audio_stream("c2"))
         assert 0 < ttl <= 600_000  # the re-created stream has its TTL too
     await sub.close()
+
+
+async def test_a_hung_redis_is_found_out_in_seconds_not_socket_timeouts(
+    bus: RedisBus, redis_server: PrivateRedis
+) -> None:
+    # SIGSTOP: the server keeps its sockets open and answers nothing, like a network that
+    # drops packets without a reset. No connection error will ever come.
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BusError, match="timed out"):
+            await bus.submit(request())  # in flight when it hung: bounded, not 3 x 5 s
+        first = time.monotonic() - t0
+        assert 1.5 < first < 3.5, first
+        assert not bus.health.up
+        t0 = time.monotonic()
+        with pytest.raises(BusError, match="unavailable"):
+            await bus.submit(request())
+        assert time.monotonic() - t0 < 0.01  # known now: refused at once
+        t0 = time.monotonic()
+        assert not await bus.ping()  # the readiness probe gives up on its own too
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    assert await bus.ping()
+    assert bus.health.up
+    await bus.submit(request())

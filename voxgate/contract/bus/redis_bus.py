@@ -110,6 +110,12 @@ class RedisBus(Bus):
         # reads are capped below that so a long block never looks like a dead connection.
         self._socket_timeout = 5.0
         self._max_block_ms = 4000
+        # A Redis that hangs (stopped, or a network that drops packets without a reset) closes
+        # nothing: the readiness ping gives up after ping_timeout_s and marks the outage, and
+        # what a caller waits on (a say's submit) after call_timeout_s, instead of the socket
+        # timeout times redis-py's retries (15 s).
+        self._ping_timeout_s = 1.0
+        self._call_timeout_s = 2.0
         self.request_stream = f"{prefix}:synth:req"
         self._wake_key = f"{prefix}:synth:wake:{uuid.uuid4().hex}"
         self._wake_cursor: StreamId = _ZERO
@@ -177,7 +183,7 @@ class RedisBus(Bus):
             yield
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             self._lost(exc)
-            raise BusError(f"{what} on Redis at {self._safe_url} failed: {exc}") from exc
+            raise BusError(f"{what} on Redis at {self._safe_url} failed: {_why(exc)}") from exc
         except RedisError as exc:
             self._answered()  # an error reply (NOGROUP, WRONGTYPE) is an answer: Redis is up
             raise BusError(f"{what} on Redis at {self._safe_url} failed: {exc}") from exc
@@ -185,12 +191,12 @@ class RedisBus(Bus):
 
     def _lost(self, exc: BaseException) -> None:
         """An operation could not reach Redis; the first of an outage is logged, not the rest."""
-        if self.health.failed(time.monotonic(), str(exc) or type(exc).__name__):
+        if self.health.failed(time.monotonic(), _why(exc)):
             log.warning(
                 "lost Redis at %s (%s): bus operations fail fast until it answers; reconnecting "
                 "with backoff (up to %.1f s apart)",
                 self._safe_url,
-                exc,
+                _why(exc),
                 self.health.cap_s,
             )
 
@@ -268,8 +274,9 @@ class RedisBus(Bus):
         if self._r is None:
             return False
         try:
-            answer = bool(await self._r.ping())
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            async with asyncio.timeout(self._ping_timeout_s):
+                answer = bool(await self._r.ping())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:  # TimeoutError too
             self._lost(exc)
             return False
         except RedisError:
@@ -283,16 +290,18 @@ class RedisBus(Bus):
         with self._errors("submit", probe=False):
             # Approximate MAXLEN (~) lets Redis trim whole radix-tree nodes only: cheap, and the
             # stream may briefly hold a little more than req_maxlen entries.
-            await self._redis.xadd(
-                self.request_stream,
-                request.to_fields(),  # type: ignore[arg-type]
-                maxlen=self._req_maxlen,
-                approximate=True,
-            )
+            async with asyncio.timeout(self._call_timeout_s):  # TimeoutError is an OSError
+                await self._redis.xadd(
+                    self.request_stream,
+                    request.to_fields(),  # type: ignore[arg-type]
+                    maxlen=self._req_maxlen,
+                    approximate=True,
+                )
 
     async def cancel(self, utterance_id: str) -> None:
         with self._errors("cancel", probe=False):
-            await self._redis.set(self.cancel_key(utterance_id), b"1", px=self._cancel_ttl_ms)
+            async with asyncio.timeout(self._call_timeout_s):
+                await self._redis.set(self.cancel_key(utterance_id), b"1", px=self._cancel_ttl_ms)
 
     async def subscribe(self, call_id: str) -> Subscription:
         key = self.audio_stream(call_id)
@@ -613,6 +622,13 @@ class RedisBus(Bus):
                     "key %s is a %s, not a stream: its subscriptions get no audio", k, _text(t)
                 )
                 self._tails[k].broken = True
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, never empty (asyncio's TimeoutError has no message)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "no answer in time (timed out)"
+    return str(exc) or type(exc).__name__
 
 
 def _text(value: object) -> str:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
@@ -241,6 +242,7 @@ class GatewayMetrics:
         r.register(_LiveCollector(self))
         r.register(_RecordingCollector(manager))
         r.register(_ProcessCollector(self))
+        r.register(_BusCollector(bus))
         manager.on_forget.append(self._on_forget)
         manager.on_first_audio.append(self._on_first_audio)
         self._events = manager.subscribe_events()
@@ -606,3 +608,35 @@ class _ProcessCollector:
             "voxgate_process_resident_memory_bytes",
         )  # fmt: skip
         return [Metric(name, "", "gauge") for name in names]
+
+
+class _BusCollector:
+    """The bus connection's outages (``Bus.health``, voxgate.contract.bus.health), read at
+    scrape time: whether Redis answers now, outages it came back from, and the seconds it did
+    not answer (the current outage included, so the counter moves while it lasts)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+
+    def collect(self) -> Iterable[Metric]:
+        health = self._bus.health
+        now = time.monotonic()
+        yield GaugeMetricFamily(
+            "voxgate_bus_up", "1 while the bus (Redis) answers, 0 during an outage",
+            value=1.0 if health.up else 0.0,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "voxgate_bus_reconnects", "Bus outages ended by Redis answering again",
+            value=health.reconnects,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "voxgate_bus_outage_seconds", "Seconds the bus (Redis) did not answer",
+            value=health.outage_seconds(now),
+        )  # fmt: skip
+
+    def describe(self) -> Iterable[Metric]:
+        return [
+            Metric("voxgate_bus_up", "", "gauge"),
+            Metric("voxgate_bus_reconnects", "", "counter"),
+            Metric("voxgate_bus_outage_seconds", "", "counter"),
+        ]

@@ -337,6 +337,19 @@ def _sip_uri(key: str, value: str) -> str:
     return value
 
 
+# A softphone registered to the gateway may be called by its account name alone ("alice"):
+# RFC 3261 user characters, less those that would need escaping.
+_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~!$&'*+=-]{0,63}")
+
+
+def _call_target(key: str, value: str) -> str:
+    """A sip:/sips: URI, or the name of an account registered here (``gateway.sip.access``;
+    an unregistered one is answered 404 by the SIP leg)."""
+    if _USER_NAME.fullmatch(value):
+        return value
+    return _sip_uri(key, value)
+
+
 def _check_length(text: str, limit: int) -> None:
     if len(text) > limit:
         raise TextTooLong(f"text is {len(text)} characters; the limit is {limit}")
@@ -496,7 +509,7 @@ class _Api:
     async def originate(self, request: web.Request) -> web.Response:
         body = await json_object(request)
         _only(body, ("to", "from", "agent"))
-        to = _sip_uri("to", _string(body, "to"))
+        to = _call_target("to", _string(body, "to"))
         caller = _optional_string(body, "from")
         if caller is not None:
             caller = _sip_uri("from", caller)

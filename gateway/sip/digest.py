@@ -3,7 +3,8 @@ RFC 7616 (the algorithm) and RFC 2617 compatibility (qop-less challenges).
 
 ``parse_challenges`` reads WWW-Authenticate / Proxy-Authenticate, ``choose_challenge`` picks
 the strongest supported algorithm, ``digest_response`` / ``build_authorization`` do the math
-and :class:`DigestAuthenticator` turns a 401/407 into the retried request.
+and :class:`DigestAuthenticator` turns a 401/407 into the retried request. The server side
+(``gateway.sip.auth``) reuses the parser and ``hash_hex``/``response_from_ha1``.
 """
 
 from __future__ import annotations

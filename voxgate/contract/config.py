@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import os
 import re
@@ -137,6 +138,41 @@ class WorkerConfig:
             parse_hostport("worker.http_listen", self.http_listen)
 
 
+AUTH_MODES = ("auto", "off", "invite", "all")
+DIGEST_ALGORITHMS = ("SHA-256", "MD5", "SHA-512-256")
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+@dataclass(frozen=True)
+class AccountConfig:
+    """One ``[[gateway.accounts]]`` entry: a user who may register and call in (digest, RFC
+    8760). The secret is ``password``, or the stored ``ha1`` (MD5, an htdigest value) and/or
+    ``ha1_sha256``: ``H(username:realm:password)``, so the password need not be on the box."""
+
+    username: str
+    password: str = ""
+    ha1: str = ""
+    ha1_sha256: str = ""
+    # Empty: gateway.auth_realm (an HA1 is only valid for the realm it was made with).
+    realm: str = ""
+    # Comma-separated algorithms this user is challenged with; empty: gateway.auth_algorithms.
+    algorithms: str = ""
+
+
+@dataclass(frozen=True)
+class TrunkConfig:
+    """One ``[[gateway.trunks]]`` entry: a carrier or PBX whose source addresses (IPv4/IPv6
+    addresses or CIDR blocks in ``allow``) may send calls without authenticating."""
+
+    name: str
+    allow: list[str] = field(default_factory=list)
+
+
+def split_algorithms(value: str) -> list[str]:
+    """``"SHA-256, MD5"`` -> ``["SHA-256", "MD5"]`` (upper case, order kept)."""
+    return [a.strip().upper() for a in value.split(",") if a.strip()]
+
+
 @dataclass
 class GatewayConfig:
     # SIP over UDP and TCP on the same address.
@@ -169,6 +205,31 @@ class GatewayConfig:
     # unless this is set; then the gateway places the referred call itself and reports its
     # progress in NOTIFYs.
     accept_refer: bool = False
+    # Who may call (gateway.sip.access). auth: "auto" ("invite" once an account exists, else
+    # "off": anyone may call, today's open default), "off" (no challenges), "invite" (a new
+    # INVITE from outside every trunk's allow-list must authenticate: 401, digest) or "all"
+    # (every request outside a dialog but ACK and CANCEL, OPTIONS too). With trunks and auth
+    # off, an INVITE from outside them gets 403. REGISTER is always authenticated.
+    auth: str = "auto"
+    auth_realm: str = "voxgate"
+    # Digest algorithms offered, one WWW-Authenticate each, most preferred first (RFC 8760).
+    auth_algorithms: str = "SHA-256, MD5"
+    # A nonce's lifetime; an answer to an older one gets a new challenge with stale=true.
+    auth_nonce_s: float = 300.0
+    # More accounts, one a line: user:password, or htdigest's user:realm:md5-ha1 with an
+    # optional :sha256-ha1 (README: "Who may call").
+    auth_users_file: str = ""
+    accounts: list[AccountConfig] = field(default_factory=list)
+    trunks: list[TrunkConfig] = field(default_factory=list)
+    # The registrar (softphones REGISTER to voxgate with an account): the SIP domain of the
+    # AORs (empty: any host; the user part is the AOR), binding lifetimes (shorter requests
+    # get 423 Interval Too Brief, longer ones are cut), and the bounds on bindings per AOR
+    # and in all.
+    domain: str = ""
+    registrar_min_expires_s: int = 60
+    registrar_max_expires_s: int = 3600
+    registrar_max_contacts: int = 5
+    registrar_max_bindings: int = 10000
     # Floods and abuse (gateway.sip.limits): per source IP, token buckets for new INVITE,
     # REGISTER and OPTIONS requests (rate a second, burst; rate 0: no limit). The defaults let
     # one trunk or PBX carry a busy call centre (100 calls/s, 200 at once); loopback is not
@@ -234,6 +295,7 @@ class GatewayConfig:
             raise ConfigError(
                 f"gateway.unready_wait_ms: must be 0-60000, got {self.unready_wait_ms}"
             )
+        _validate_access(self)
         _choice("gateway.limit_action", self.limit_action, ("reject", "drop"))
         if not 0 <= self.limit_retry_after_s <= 3600:
             raise ConfigError(
@@ -268,6 +330,87 @@ class GatewayConfig:
             raise ConfigError(
                 "gateway.tls_verify_client: needs gateway.tls_listen and gateway.tls_ca_file"
             )
+
+
+def _validate_access(cfg: GatewayConfig) -> None:
+    """Accounts, trunks and the registrar's keys (gateway.sip.access)."""
+    _choice("gateway.auth", cfg.auth, AUTH_MODES)
+    _check_realm("gateway.auth_realm", cfg.auth_realm)
+    _check_algorithms("gateway.auth_algorithms", cfg.auth_algorithms, required=True)
+    if cfg.auth_nonce_s < 1:
+        raise ConfigError(f"gateway.auth_nonce_s: must be >= 1, got {cfg.auth_nonce_s}")
+    if cfg.auth_users_file and not Path(cfg.auth_users_file).is_file():
+        raise ConfigError(f"gateway.auth_users_file: no such file: {cfg.auth_users_file!r}")
+    seen: set[tuple[str, str]] = set()
+    for i, acct in enumerate(cfg.accounts):
+        key = f"gateway.accounts[{i}]"
+        user = acct.username
+        if not user or user != user.strip() or not user.isprintable() or any(
+            c in user for c in '"\\:@ '
+        ):
+            raise ConfigError(f"{key}.username: not a usable user name: {user!r}")
+        if acct.realm:
+            _check_realm(f"{key}.realm", acct.realm)
+        if acct.password and (acct.ha1 or acct.ha1_sha256):
+            raise ConfigError(f"{key}: set password or ha1/ha1_sha256, not both")
+        if not (acct.password or acct.ha1 or acct.ha1_sha256):
+            raise ConfigError(f"{key}: needs password, ha1 or ha1_sha256")
+        for name, length in (("ha1", 32), ("ha1_sha256", 64)):
+            value = getattr(acct, name)
+            if value and (len(value) != length or not set(value) <= _HEX_DIGITS):
+                raise ConfigError(f"{key}.{name}: expected {length} hex digits")
+        _check_algorithms(f"{key}.algorithms", acct.algorithms, required=False)
+        realm = acct.realm or cfg.auth_realm
+        if (user, realm) in seen:
+            raise ConfigError(f"{key}.username: {user!r} is defined twice")
+        seen.add((user, realm))
+    names: set[str] = set()
+    for i, trunk in enumerate(cfg.trunks):
+        key = f"gateway.trunks[{i}]"
+        if not trunk.name or trunk.name in names:
+            raise ConfigError(f"{key}.name: needs a name of its own, got {trunk.name!r}")
+        names.add(trunk.name)
+        if not trunk.allow:
+            raise ConfigError(f"{key}.allow: list the trunk's source addresses or CIDR blocks")
+        for item in trunk.allow:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"{key}.allow: {item!r} is not an IPv4/IPv6 address or CIDR block"
+                ) from None
+    has_accounts = bool(cfg.accounts or cfg.auth_users_file)
+    if cfg.auth in ("invite", "all") and not has_accounts:
+        raise ConfigError(
+            f"gateway.auth: {cfg.auth!r} needs gateway.accounts or gateway.auth_users_file"
+        )
+    if any(c.isspace() for c in cfg.domain):
+        raise ConfigError(f"gateway.domain: a host name, got {cfg.domain!r}")
+    _positive("gateway.registrar_min_expires_s", cfg.registrar_min_expires_s)
+    if cfg.registrar_max_expires_s < cfg.registrar_min_expires_s:
+        raise ConfigError(
+            "gateway.registrar_max_expires_s: must be >= registrar_min_expires_s "
+            f"({cfg.registrar_min_expires_s}), got {cfg.registrar_max_expires_s}"
+        )
+    _positive("gateway.registrar_max_contacts", cfg.registrar_max_contacts)
+    _positive("gateway.registrar_max_bindings", cfg.registrar_max_bindings)
+
+
+def _check_realm(key: str, realm: str) -> None:
+    # The realm goes into a quoted-string of every challenge.
+    if not realm or not realm.isprintable() or any(c in realm for c in '"\\'):
+        raise ConfigError(f"{key}: not a usable realm: {realm!r}")
+
+
+def _check_algorithms(key: str, value: str, *, required: bool) -> None:
+    algorithms = split_algorithms(value)
+    if required and not algorithms:
+        raise ConfigError(f"{key}: name at least one of {', '.join(DIGEST_ALGORITHMS)}")
+    for alg in algorithms:
+        if alg not in DIGEST_ALGORITHMS:
+            raise ConfigError(f"{key}: unknown digest algorithm {alg!r}")
+    if len(set(algorithms)) != len(algorithms):
+        raise ConfigError(f"{key}: an algorithm named twice in {value!r}")
 
 
 @dataclass
@@ -802,6 +945,18 @@ def _coerce(key: str, typ: type, value: object) -> Any:
     """Turn a TOML value or an env/flag string into ``typ``; name the key on failure."""
     if isinstance(typ, types.UnionType):  # pragma: no cover - no optional keys yet
         typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    if typing.get_origin(typ) is list:
+        # A TOML array (of tables, for [[gateway.accounts]]); from the environment or a flag,
+        # the same as a JSON array.
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a JSON array, got {value!r}") from None
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected an array, got {value!r}")
+        (item_type,) = typing.get_args(typ)
+        return [_coerce_item(f"{key}[{i}]", item_type, v) for i, v in enumerate(value)]
     if typing.get_origin(typ) is dict:
         # A TOML table; from the environment or a flag, the same as a JSON object.
         if isinstance(value, str):
@@ -839,6 +994,27 @@ def _coerce(key: str, typ: type, value: object) -> Any:
     if not isinstance(value, typ):
         raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}")
     return value
+
+
+def _coerce_item(key: str, typ: type, value: object) -> Any:
+    """One element of an array key: a table becomes ``typ`` (a dataclass), field by field."""
+    if not dataclasses.is_dataclass(typ):
+        return _coerce(key, typ, value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {value!r}")
+    types_ = _field_types(typ)
+    unknown = sorted(set(value) - set(types_))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key")
+    required = [
+        f.name
+        for f in dataclasses.fields(typ)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    for name in required:
+        if name not in value:
+            raise ConfigError(f"{key}.{name}: missing")
+    return typ(**{name: _coerce(f"{key}.{name}", types_[name], v) for name, v in value.items()})
 
 
 def _apply(cfg: Config, key: str, value: object) -> None:

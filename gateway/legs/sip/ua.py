@@ -8,7 +8,11 @@ and INVITE while no warmed-up worker serves (``gateway.readiness``); 400 for a b
 when no codec is common (RFC 3264 §6). New requests meet the per-source limits first
 (``gateway.sip.limits``: rate, calls per source, lockout, transaction table): the UA hands its
 ``SourceLimits`` to the transaction layer, which refuses before it keeps any state, and counts
-each inbound call against its source while it is up.
+each inbound call against its source while it is up. Then who may call
+(``gateway.sip.access``): a request outside a dialog from a source on no trunk's allow-list
+may have to authenticate (401 with digest challenges, 403 for an unknown source when auth is
+off), and REGISTER goes to the registrar; an outbound call to a registered softphone's AOR
+goes to its contact.
 UAC: INVITE to a URI (through the trunk when one is configured) with digest authentication
 (RFC 8760), CANCEL while ringing, BYE once up.
 TLS (RFC 3261 §26, ``gateway.tls_listen``): a call whose INVITE came over TLS, or placed to a
@@ -31,6 +35,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.utils import formatdate
 
 from gateway import sdp
 from gateway.call.calls import Call, end_status
@@ -45,6 +50,7 @@ from gateway.call.control import (
 )
 from gateway.call.manager import CallManager
 from gateway.legs.sip import tls
+from gateway.legs.sip.gatekeeper import NotRegisteredError, build_gatekeeper
 from gateway.legs.sip.transport import SipTransport, local_ip_for
 from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker, RtpEndpoint
@@ -75,6 +81,7 @@ from gateway.sip import (
     parse_uri,
     uas_dialog_id,
 )
+from gateway.sip.access import NotRegistered, Route
 from gateway.sip.limits import LimitSettings, SourceLimits
 from gateway.sip.message import Address
 from gateway.sip.reasons import reason_phrase
@@ -278,6 +285,8 @@ class SipUA:
         self.ticker = ticker
         self.limits = SourceLimits(LimitSettings.from_config(cfg))
         self.layer = TransactionLayer(limits=self.limits)
+        # Who may call: trunk allow-lists, digest auth, the registrar (gateway.sip.access).
+        self.gate = build_gatekeeper(cfg, self.limits)
         self.transport: SipTransport
         self.dialogs: dict[object, SipLeg] = {}
         self.legs: set[SipLeg] = set()
@@ -396,6 +405,16 @@ class SipUA:
             self._in_dialog(leg, req, tid, ev.addr)
             return
         method = req.method
+        if method == "REGISTER" and self.gate.location is not None:
+            self._respond(tid, self.gate.register(
+                req, ev.addr, self.transport.now, date=formatdate(usegmt=True),
+                reliable=self.transport.via_transport(ev.addr) != "UDP",
+            ))  # fmt: skip
+            return
+        admission = self.gate.admit(req, ev.addr, self.transport.now)
+        if admission.response is not None:  # 401 with challenges, or 403
+            self._respond(tid, admission.response)
+            return
         if method == "INVITE":
             self._spawn(self._incoming_invite(req, tid, ev.addr))
         elif method == "OPTIONS" and not self._ready():
@@ -640,18 +659,19 @@ class SipUA:
 
     # --- UAC -----------------------------------------------------------------------------
     async def originate(self, to: str, caller: str | None = None) -> Call:
-        to = dial_uri(to, self.cfg.trunk)
+        local = self._local_route(to)  # a softphone registered here: its contact, no trunk
+        to = dial_uri(to, self.cfg.trunk) if local is None else str(local.request_uri)
         try:
             target = parse_uri(to)
         except SipParseError as exc:
             raise Unavailable(f"bad target URI {to!r}: {exc}") from None
         if not isinstance(target, SipUri):
             raise Unavailable(f"only sip:/sips: targets are supported, got {to!r}")
-        hop_uri = parse_uri(self.cfg.trunk) if self.cfg.trunk else target
+        hop_uri = parse_uri(self.cfg.trunk) if self.cfg.trunk and local is None else target
         over_tls = uses_tls(hop_uri) or target.secure
         if over_tls and not self.transport.tls_enabled:
             raise Unavailable(f"{to!r} needs SIP over TLS: set gateway.tls_listen")
-        peer = resolve_uri(hop_uri, None)
+        peer = resolve_uri(hop_uri, None) if local is None else local.addr
         local_ip = self.local_address(peer[0])
         endpoint = await RtpEndpoint.open(
             bind_ip(self.cfg, local_ip), (self.cfg.rtp_port_min, self.cfg.rtp_port_max)
@@ -669,7 +689,7 @@ class SipUA:
                      ";rport")  # fmt: skip
         h.add("Max-Forwards", "70")
         h.add("From", f"<{scheme}:{user}@{self.sent_by(local_ip, peer)}>;tag={generate_tag()}")
-        h.add("To", f"<{target}>")
+        h.add("To", f"<{target if local is None else local.to}>")
         h.add("Call-ID", generate_call_id(local_ip))
         h.add("CSeq", "1 INVITE")
         h.add("Contact", str(self.contact(local_ip, user, peer, secure=target.secure)))
@@ -680,12 +700,20 @@ class SipUA:
         call = self.manager.new_call("sip", "outbound", str(target), f"sip:{user}@{local_ip}")
         leg = SipLeg(self, call, invite, peer, local_ip, endpoint=endpoint, local_sdp=offer)
         leg.signalling = "TLS" if over_tls else "UDP"
-        if self.cfg.trunk_username:
+        if self.cfg.trunk_username and local is None:
             leg.auth = DigestAuthenticator(self.cfg.trunk_username, self.cfg.trunk_password)
+        if local is not None and local.addr == local.binding.source:
+            leg.extra["flow"] = True
         call.leg = leg
         self.legs.add(leg)
         self._send_invite(leg, invite)
         return call
+
+    def _local_route(self, to: str) -> Route | None:
+        try:
+            return self.gate.route(to, self.transport.now)
+        except NotRegistered as exc:
+            raise NotRegisteredError(str(exc)) from None
 
     def _send_invite(self, leg: SipLeg, invite: Request) -> None:
         leg.invite = invite

@@ -80,7 +80,8 @@ async def uas(cfg: GatewayConfig) -> AsyncIterator[Uas]:
 
     t = SipTransport(layer, handler)
     holder.append(Uas(t))
-    await t.listen("127.0.0.1", 0)
+    # TLS only: listen() would bind UDP on a random port and then TCP on the same number,
+    # which another process may hold (a flaky test, not a TLS one).
     server, client = tls.contexts(cfg)
     await t.listen_tls("127.0.0.1", 0, server, client)
     try:

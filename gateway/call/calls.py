@@ -63,7 +63,7 @@ from gateway.media.coupling import MediaCoupling
 from gateway.media.playout import Playout, PlayoutEvent, PlayoutFinished, PlayoutStarted
 from gateway.media.recording import CHANNELS, Recorder, Recordings
 from gateway.media.tap import CallerAudioTap
-from voxgate.contract.bus.base import Bus, BusError, Subscription
+from voxgate.contract.bus.base import Bus, BusDown, BusError, Subscription
 from voxgate.contract.bus.schema import (
     AudioChunk,
     SpeakRequest,
@@ -185,6 +185,10 @@ class Call:
         # Onsets before this media position (the call's first inbound samples) never barge in.
         self._guard_samples = settings.start_guard_ms * rate // 1000 if settings else 0
         self._staged = False  # frames staged on the detector, waiting for the batch
+        # The leg hands the caller's audio over as it arrives (``on_caller_packet``), before
+        # its jitter buffer: the detector and the agents' ears hear it then (see
+        # ``feed_on_arrival``); otherwise everything comes once per tick (``on_caller_audio``).
+        self._on_arrival = False
         # Media clock (samples): frames sent and frames received, one of each per tick.
         self.media = MediaCoupling(rate, keep_far=self.detector is not None)
         # Consumers of the caller's audio (caller_audio): agents' ears.
@@ -660,38 +664,87 @@ class Call:
         at = self.media.sent(pcm, at)
         if self.recorder is not None:
             self.recorder.agent(at, pcm)
+        detector = self.detector
+        # Fed on arrival, the caller's frames reach the detector as they come in; the agent's
+        # frame goes to it now, before any caller frame that may echo it.  While the agent has
+        # been silent longer than any echo path and no caller speech is pending, nothing is
+        # staged (the gap then reads as silence).
+        if (
+            self._on_arrival
+            and detector is not None
+            and (not detector.idle or self.media.agent_audible(at))
+        ):
+            detector.stage_far(pcm, at, jump=True)
+            self.manager.stage_detection(self)
         speaking = self.playout.speaking
         if speaking != self._info.speaking:
             self._info = replace_info(self._info, speaking=speaking)
         return pcm
 
+    def feed_on_arrival(self) -> None:
+        """The leg will hand the caller's audio to :meth:`on_caller_packet` as each packet
+        arrives: the barge-in detector and the agents' ears take it from there, without the
+        jitter buffer's playout delay (40-200 ms: barge-in as fast as the caller hears it,
+        issue 17), and :meth:`on_caller_audio` (the jitter buffer's frames) then only feeds
+        what plays the caller out in time: a bridged party and the recording."""
+        self._on_arrival = True
+
+    def on_caller_packet(self, ts: int, pcm: npt.NDArray[np.int16]) -> None:
+        """A caller packet's decoded audio the moment it arrives (``feed_on_arrival``), with
+        its extended RTP timestamp; packets come in arrival order (a reordered late one is
+        dropped, a gap reads as silence). Hot path: staged for the next detector batch."""
+        placed = self.media.arrived(ts, len(pcm))
+        if placed is None:
+            return
+        pos, skip = placed
+        if skip:
+            pcm = pcm[skip:]
+        self._hear(pos, pcm)
+
     def on_caller_audio(self, pcm: npt.NDArray[np.int16]) -> None:
         """One frame of decoded caller audio per media tick (after that tick's ``pull_audio``).
-        Media-tick hot path: the frame is staged on the detector and analysed with the other
-        calls' frames in the next batch (:meth:`CallManager.flush_detection`)."""
+        Media-tick hot path: recorded, played to a bridged party, and (unless the leg feeds
+        them on arrival) staged on the detector to be analysed with the other calls' frames in
+        the next batch (:meth:`CallManager.flush_detection`) and given to the agents' ears."""
         pos, far = self.media.received(len(pcm))
         if self.recorder is not None:
             self.recorder.caller(pos, pcm)
-        # Everything else that listens to the caller (agents' speech-to-text, recording) taps
-        # here: every leg's caller audio, before the barge-in gate.
+        if self.bridge is not None and self._on_arrival:
+            self.bridge.push(self, pcm)
+            return
+        if self._on_arrival:
+            return
+        det = self.detector
+        if (
+            far is not None
+            and det is not None
+            and self.bridge is None
+            and not (det.idle and self.media.idle(pos, pcm))
+        ):
+            det.stage_far(far[1], far[0])
+        self._hear(pos, pcm)
+
+    def _hear(self, pos: int, pcm: npt.NDArray[np.int16]) -> None:
+        """The caller's audio at media time ``pos``, for everything that listens to it."""
+        # Everything that listens to the caller (agents' speech-to-text, a bot) taps here:
+        # every leg's caller audio, before the barge-in gate.
         if self.taps:
             audible = self.media.agent_audible(pos)
             for tap in self.taps:
                 tap.push(pcm, agent_audible=audible)
         if self.bridge is not None:
             # Bridged: the caller talks to the other party; no agent to barge in on.
-            self.bridge.push(self, pcm)
+            if not self._on_arrival:
+                self.bridge.push(self, pcm)
             return
         detector = self.detector
         if detector is None:
             return
-        # Idle gate: nothing to decide, so jump the detector's clock instead of analysing two
+        # Idle gate: nothing to decide, so jump the detector's clock instead of analysing
         # frames of silence (it keeps what it learnt about the echo path).
         if detector.idle and self.media.idle(pos, pcm):
             detector.skip_to(pos + len(pcm))
             return
-        if far is not None:
-            detector.stage_far(far[1], far[0])
         detector.stage_near(pcm, pos)
         self.manager.stage_detection(self)
 
@@ -715,6 +768,13 @@ class Call:
                 self.emit(SpeechStopped(self.id, duration_ms=int(duration)))
 
     def _barge_in(self, onset: int, decision: int) -> None:
+        if self._on_arrival:
+            # The detector's times are where the caller's audio sits on the media clock;
+            # arrival placement puts it a little behind the agent's clock
+            # (gateway.media.coupling), so the record is taken on the agent's clock: decided
+            # now, the onset the detector's evidence before that.
+            now = self.media.far_pos
+            onset, decision = now - (decision - onset), now
         if onset < self._guard_samples:
             return  # a microphone opening, not a caller talking (bargein.start_guard_ms)
         current = self.playout.current
@@ -862,13 +922,15 @@ class Call:
             try:
                 await bus.cancel(utterance_id)
                 return
-            except BusError:
+            except BusDown:
                 # Through an outage (bounded): the worker holding the utterance resumes it when
-                # Redis is back, and must find the cancel then. An error reply is final.
+                # Redis is back, and must find the cancel then.
                 now = time.monotonic()
-                if bus.health.up or now >= give_up:
+                if now >= give_up:
                     return
                 await asyncio.sleep(bus.health.pause_s(now))
+            except BusError:
+                return  # an error reply is final
 
     async def _read_audio(self) -> None:
         assert self._sub is not None

@@ -786,7 +786,11 @@ class _Framer:
         self._buf = np.zeros(frame, dtype=np.int16)
         self._fill = 0
 
-    def push(self, pcm: npt.ArrayLike, start: int | None) -> list[tuple[int, Int16Array]]:
+    def push(
+        self, pcm: npt.ArrayLike, start: int | None, *, jump: bool = False
+    ) -> list[tuple[int, Int16Array]]:
+        """``jump``: a gap of more than a frame is skipped (its frames are never cut: the
+        bank reads frames it does not hold as silence) instead of filled with zeros."""
         x = np.asarray(pcm)
         if x.dtype != np.int16:
             raise TypeError(f"expected int16 samples, got {x.dtype}")
@@ -798,6 +802,9 @@ class _Framer:
         if start is None:
             start = self.pos
         out: list[tuple[int, Int16Array]] = []
+        if jump and start - self.pos > self.frame:
+            self.pos = start - start % self.frame
+            self._fill = 0
         if start > self.pos:  # gap: silence up to the new start
             out += self._feed(np.zeros(start - self.pos, dtype=np.int16))
         elif start < self.pos:  # overlap: drop what is already covered
@@ -956,11 +963,14 @@ class BargeInDetector:
         self.stage_near(pcm, now_samples)
         return run_batch([self])[0]
 
-    def stage_far(self, pcm: npt.ArrayLike, at_sample: int | None = None) -> None:
+    def stage_far(
+        self, pcm: npt.ArrayLike, at_sample: int | None = None, *, jump: bool = False
+    ) -> None:
         """As :meth:`far_end`, analysed at the next :func:`run_batch` that includes this
         detector (far audio staged before near audio of the same tick, as with the direct
-        calls)."""
-        self._far_q += self._far_framer.push(pcm, at_sample)
+        calls).  ``jump``: a gap since the last far audio (the agent was silent and nothing was
+        staged) is skipped rather than analysed as silence; the frames in it read as silence."""
+        self._far_q += self._far_framer.push(pcm, at_sample, jump=jump)
 
     def stage_near(self, pcm: npt.ArrayLike, now_samples: int) -> None:
         """As :meth:`near_end`; the events come from :func:`run_batch`."""

@@ -16,6 +16,13 @@ Int16Array = npt.NDArray[np.int16]
 # below which a caller frame is line noise (about -44 dBFS).
 ECHO_TAIL_S = 0.4
 QUIET_PEAK = 200
+# Arrival placement: caller packets that place further than this behind the agent's clock
+# (a long network stall, a sender whose timeline jumped) are re-anchored to arrive "now".
+# Below the detector's far history (1 s+) so a placed frame always finds its echo reference.
+MAX_BEHIND_S = 0.5
+# How far behind the agent's clock arriving caller audio is placed: room for packets that
+# arrive sooner than the first one did (network jitter) without moving the placement.
+ARRIVAL_SLACK_S = 0.04
 
 
 class MediaCoupling:
@@ -31,6 +38,13 @@ class MediaCoupling:
         self._far: tuple[int, Int16Array] | None = None
         self._far_heard = -(1 << 40)  # media time just after the last non-silent agent frame
         self._echo_tail = int(ECHO_TAIL_S * rate)
+        # Arrival placement (see ``arrived``): media time = RTP timestamp + offset.
+        self._offset: int | None = None
+        self._arrived_end: int | None = None  # media time just after the last placed sample
+        self._max_behind = int(MAX_BEHIND_S * rate)
+        self._slack = int(ARRIVAL_SLACK_S * rate)
+        self._grid = rate // 50  # 20 ms: every detector frame size divides it
+        self.reanchored = 0
 
     def sent(self, pcm: Int16Array, at: int | None = None) -> int:
         """The agent frame of this tick (``at``: its media time; None continues the clock).
@@ -53,6 +67,52 @@ class MediaCoupling:
         self.near_pos = pos + n
         far, self._far = self._far, None
         return pos, far
+
+    def arrived(self, ts: int, n: int) -> tuple[int, int] | None:
+        """Place a caller packet of ``n`` samples with extended RTP timestamp ``ts`` on the
+        media clock the moment it arrives (not when the jitter buffer would play it).
+
+        Returns (media time of its first sample, samples to drop from its head), or None for
+        audio already placed (a duplicate, or a reordered packet that came after its
+        successor: arrival order is the point, a late packet is not waited for).
+
+        The placement keeps the RTP timeline (consecutive packets stay contiguous, whatever
+        the network jitter) and anchors it ``ARRIVAL_SLACK_S`` behind the agent's clock
+        (``far_pos``, the last agent sample sent), on the 20 ms grid: the detector must
+        already hold the agent audio a caller frame may echo, and its frames must not
+        straddle two packets (a frame would wait for the next packet).  Where a caller frame
+        sits on the media clock only sets the echo delay the detector sees, not when it is
+        analysed, so the slack costs no latency.  The offset moves only when a packet would
+        break that bound: one that arrives more than the slack sooner than the first did
+        (the head that then overlaps is dropped), or one placed more than ``MAX_BEHIND_S``
+        behind (a network stall or a timeline jump: a gap, read as silence).  Clock drift
+        between the legs shows as a slowly moving echo delay, which the detector follows.
+        """
+        now = self.far_pos
+        last = self._arrived_end
+        grid = self._grid
+        end = None if self._offset is None else ts + n + self._offset
+        if end is None or end < now - self._max_behind:
+            # Anchor: the packet's first sample on the grid, the slack behind the clock.
+            start = (now - self._slack - n) // grid * grid
+        elif end > now:
+            # Sooner than the slack allows: right after what is placed if the bound permits
+            # (nothing lost), else as late as it permits (the overlapping head is dropped).
+            start = (now - n) // grid * grid
+            if last is not None:
+                start = min(start, last)
+        else:
+            start = end - n
+        if end is None or start != end - n:
+            self._offset = start - ts
+            end = start + n
+            if last is not None:
+                self.reanchored += 1
+        if last is not None and end <= last:
+            return None
+        skip = 0 if last is None else max(0, last - start)
+        self._arrived_end = end
+        return start + skip, skip
 
     @property
     def tick_pos(self) -> int:

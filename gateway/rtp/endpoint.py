@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.rtp.dtmf import DtmfDigit
-from gateway.rtp.jitter import JitterFrame
+from gateway.rtp.jitter import Int16Array, JitterFrame
 from gateway.rtp.latch import Addr
 from gateway.rtp.pacer import Ticker
 from gateway.rtp.session import JitterConfig, RtpSession, TickResult
@@ -60,6 +60,9 @@ class RtpEndpoint:
         self.local_port = 0
         self.session: RtpSession | None = None
         self.on_audio: Callable[[JitterFrame], None] | None = None
+        # Each datagram's audio as it arrives (extended RTP timestamp, PCM), before the jitter
+        # buffer's playout delay: for the barge-in detector and agents' ears.
+        self.on_arrival: Callable[[int, Int16Array], None] | None = None
         self.on_dtmf: Callable[[DtmfDigit], None] | None = None
         self.send_errors = 0
         self.dropped_early = 0
@@ -107,12 +110,15 @@ class RtpEndpoint:
         *,
         jitter: JitterConfig | None = None,
         on_audio: Callable[[JitterFrame], None] | None = None,
+        on_arrival: Callable[[int, Int16Array], None] | None = None,
         on_dtmf: Callable[[DtmfDigit], None] | None = None,
         cn: bool = False,
     ) -> RtpSession:
         """Create (or, on a re-INVITE, update) the session from the negotiated parameters."""
         if on_audio is not None:
             self.on_audio = on_audio
+        if on_arrival is not None:
+            self.on_arrival = on_arrival
         if on_dtmf is not None:
             self.on_dtmf = on_dtmf
         if self.session is None:
@@ -133,9 +139,16 @@ class RtpEndpoint:
         elif self.srtp is not None:
             return  # not authentic, a replay or garbage: counted in srtp.stats
         digits = session.receive(data, addr, self._loop.time())
-        if digits and self.on_dtmf is not None:
-            for d in digits:
-                self.on_dtmf(d)
+        try:
+            arrived = session.arrived
+            if arrived is not None and self.on_arrival is not None:
+                self.on_arrival(*arrived)
+            if digits and self.on_dtmf is not None:
+                for d in digits:
+                    self.on_dtmf(d)
+        except Exception:
+            # One call's consumer must not take down the socket's protocol (every packet).
+            log.exception("inbound media callback failed on port %d", self.local_port)
 
     # -- Scheduled protocol (driven by MediaTicker) ----------------------------------------
     @property

@@ -161,6 +161,8 @@ class JitterBuffer:
         self._jitter = 0.0
         self._received_source = 0
         self._ssrc: int | None = None
+        # The last push's audio on its RTP timeline, whatever playout does with it (see push).
+        self.decoded: tuple[int, Int16Array] | None = None
         self._reset_source()
 
     def set_payload_types(self, audio_pts: Mapping[int, str]) -> None:
@@ -197,8 +199,12 @@ class JitterBuffer:
     def push(self, pkt: RtpPacket, arrival: float) -> bool:
         """Add a packet that arrived at ``arrival`` seconds (any monotonic clock).
 
-        Returns True when its audio was stored for playout.
+        Returns True when its audio was stored for playout.  ``decoded`` then holds the
+        packet's (extended RTP timestamp, PCM) — also for a packet too late for playout, which
+        a consumer that does not wait for playout (the barge-in detector) may still use; None
+        for a duplicate or a packet without audio.
         """
+        self.decoded = None
         if pkt.ssrc != self._ssrc:
             if self._ssrc is not None:
                 # A new source (RFC 3550 §8.2): statistics restart, playout re-primes.
@@ -238,6 +244,7 @@ class JitterBuffer:
             return False  # telephone-event / CN / unknown: sequence accounting only
         pcm = decode(pkt.payload)
         ext_ts = self._ts.unwrap(pkt.timestamp)
+        self.decoded = (ext_ts, pcm)
 
         # RFC 3550 §6.4.1 / §A.8 interarrival jitter, in timestamp units, audio packets only
         # (RFC 4733 §2.5.1.2 event packets repeat one timestamp and would inflate it).

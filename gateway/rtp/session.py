@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gateway.rtp.dtmf import DtmfDecoder, DtmfDigit
-from gateway.rtp.jitter import JitterBuffer, JitterFrame
+from gateway.rtp.jitter import Int16Array, JitterBuffer, JitterFrame
 from gateway.rtp.latch import Addr, SymmetricLatch
 from gateway.rtp.pacer import Pacer
 from gateway.rtp.packet import RtpError, RtpPacket, is_rtcp
@@ -88,6 +88,7 @@ class RtpSession:
         self.pacer.sending = params.sends
         self.invalid = 0
         self.rtcp = 0
+        self.arrived: tuple[int, Int16Array] | None = None
 
     @staticmethod
     def _sdp_addr(params: MediaParams) -> Addr | None:
@@ -119,7 +120,12 @@ class RtpSession:
 
     # -- inbound ---------------------------------------------------------------------------
     def receive(self, data: bytes, addr: Addr, now: float) -> list[DtmfDigit]:
-        """One datagram from ``addr`` at ``now``; returns completed key presses."""
+        """One datagram from ``addr`` at ``now``; returns completed key presses.
+
+        ``arrived`` then holds the datagram's audio as (extended RTP timestamp, PCM), in
+        arrival order and before any playout delay, for consumers that must not wait for the
+        jitter buffer (the barge-in detector); None for anything without new audio."""
+        self.arrived = None
         if is_rtcp(data):
             self.rtcp += 1  # rtcp-mux (RFC 5761): not interpreted
             return []
@@ -133,6 +139,7 @@ class RtpSession:
         if not self.params.receives:
             return []
         self.jitter.push(pkt, now)
+        self.arrived = self.jitter.decoded
         if pkt.payload_type in self._event_pts:
             return self.dtmf.feed(pkt, now)
         return []

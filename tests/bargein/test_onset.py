@@ -21,6 +21,7 @@ import pytest
 
 from gateway.media.bargein import BargeInConfig, VadEvent, VoiceStarted, detect
 from tests.bargein import audio as A
+from voxgate.contract.config import BargeinSettings
 
 RATE = A.RATE
 MS = RATE // 1000
@@ -31,7 +32,7 @@ TARGET_MS = 110  # onset -> decision; + 10 ms fade = the issue's 120 ms onset ->
 # the bench's calls meet it.  The old detector took 250-600 ms on them.
 LIMIT_MS = TARGET_MS + 10
 # The gateway's settings (BargeinSettings): 20 ms analysis frames; and the detector's default.
-GATEWAY = BargeInConfig(frame_ms=20)
+GATEWAY = BargeInConfig.from_settings(BargeinSettings(), RATE)
 FINE = BargeInConfig(frame_ms=10)
 WEAK_START = (
     "Excuse me, my card was charged twice.",

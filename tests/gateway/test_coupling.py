@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from gateway.media.coupling import ECHO_TAIL_S, QUIET_PEAK, MediaCoupling
+from gateway.media.coupling import (
+    ARRIVAL_SLACK_S,
+    ECHO_TAIL_S,
+    MAX_BEHIND_S,
+    QUIET_PEAK,
+    MediaCoupling,
+)
 
 RATE = 8000
 N = 160
@@ -37,3 +43,70 @@ def test_without_a_detector_no_agent_frame_is_kept() -> None:
     m = MediaCoupling(RATE, keep_far=False)
     m.sent(np.full(N, 3000, np.int16), at=0)
     assert m.received(N) == (0, None)
+
+
+# --- arrival placement ---------------------------------------------------------------------
+def _ticks(m: MediaCoupling, n: int) -> None:
+    for _ in range(n):
+        m.sent(np.zeros(N, np.int16))
+
+
+def test_arriving_packets_are_placed_behind_the_agent_clock_on_the_grid() -> None:
+    m = MediaCoupling(RATE, keep_far=True)
+    _ticks(m, 10)  # far_pos 1600
+    ts0 = 123_457  # a random first timestamp, off the 20 ms grid
+    first = m.arrived(ts0, N)
+    assert first is not None
+    pos, skip = first
+    assert skip == 0 and pos % N == 0  # detector frames never straddle two packets
+    assert pos + N <= m.far_pos - int(ARRIVAL_SLACK_S * RATE)  # the slack behind the clock
+    assert pos + N > m.far_pos - int(ARRIVAL_SLACK_S * RATE) - N
+    # The RTP timeline is kept, whatever the arrival jitter: packets stay contiguous.
+    _ticks(m, 1)
+    assert m.arrived(ts0 + N, N) == (pos + N, 0)
+    assert m.arrived(ts0 + 2 * N, N) == (pos + 2 * N, 0)  # early (before its tick): same place
+    _ticks(m, 3)
+    assert m.arrived(ts0 + 3 * N, N) == (pos + 3 * N, 0)  # late: same place
+    assert m.reanchored == 0
+
+
+def test_duplicates_and_reordered_late_packets_are_dropped_and_losses_leave_gaps() -> None:
+    m = MediaCoupling(RATE, keep_far=True)
+    _ticks(m, 10)
+    first = m.arrived(0, N)
+    assert first is not None
+    pos = first[0]
+    _ticks(m, 2)
+    assert m.arrived(2 * N, N) == (pos + 2 * N, 0)  # packet 1 lost (or late): a gap
+    assert m.arrived(N, N) is None  # ... and when it comes after its successor, it is dropped
+    assert m.arrived(2 * N, N) is None  # a duplicate
+
+
+def test_a_packet_sooner_than_the_slack_allows_moves_the_placement_back() -> None:
+    m = MediaCoupling(RATE, keep_far=True)
+    _ticks(m, 10)
+    first = m.arrived(0, N)  # the first packet was late by 100 ms: the anchor is late
+    assert first is not None
+    pos = first[0]
+    # The next ones come on time: 100 ms "sooner" than the first, beyond the agent's clock.
+    placed = m.arrived(N + 800, N)  # its timestamp says 120 ms later, it came after no tick
+    assert placed == (pos + N, 0) and m.reanchored == 1  # right after the first: nothing lost
+    assert m.arrived(2 * N + 800, N) == (pos + 2 * N, 0)  # the new placement holds
+    assert m.reanchored == 1
+    # No room at all behind the clock: placed at the bound, the overlapping head dropped.
+    _ticks(m, 1)  # far_pos 1760
+    placed = m.arrived(20 * N, 2 * N)  # 40 ms of audio, far "ahead"
+    assert placed is not None
+    start, skip = placed
+    assert start + (2 * N - skip) == m.far_pos and start == pos + 3 * N and skip == N
+
+
+def test_a_long_stall_re_anchors_forward() -> None:
+    m = MediaCoupling(RATE, keep_far=True)
+    _ticks(m, 10)
+    first = m.arrived(0, N)
+    assert first is not None
+    _ticks(m, int((MAX_BEHIND_S + 0.2) * RATE) // N)  # the caller's packets stop: a stall
+    placed = m.arrived(N, N)  # the next one is placed near the clock again, not 0.7 s back
+    assert placed is not None
+    assert placed[0] + N >= m.far_pos - int(ARRIVAL_SLACK_S * RATE) - N and m.reanchored == 1

@@ -63,11 +63,17 @@ Int16Array = npt.NDArray[np.int16]
 TARGETS = {
     "decision_to_zero_p99_ms": 20.0,
     "onset_to_zero_p95_ms": 120.0,
+    # As the caller hears it (issue 17): sent speech packet → first silent packet received.
+    "caller_onset_to_silence_p50_ms": 100.0,
+    "caller_onset_to_silence_p95_ms": 120.0,
     "false_bargeins_on_echo": 0,
     "missed": 0,
 }
 # Per-trial latencies exported raw under the JSON report's "samples" key.
-SAMPLE_KEYS = ("decision_to_zero_ms", "onset_to_zero_ms", "onset_to_decision_ms")
+SAMPLE_KEYS = (
+    "decision_to_zero_ms", "onset_to_zero_ms", "onset_to_decision_ms",
+    "caller_onset_to_silent_packet_ms",
+)  # fmt: skip
 SENTENCES = (
     "Hello? I'd like to talk to somebody about my bill.",
     "Sorry, can I speak to a real person please?",
@@ -93,6 +99,8 @@ class BenchOptions:
     seed: int = 1
     quick: bool = False
     engine: str = "onnx"
+    # Interleave trials with bargein.on_arrival off (the detector behind the jitter buffer).
+    baseline: bool = False
 
 
 # --- caller side -------------------------------------------------------------------------------
@@ -173,19 +181,32 @@ class GatewayTap:
     frames: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
     decided_wall: dict[str, list[float]] = field(default_factory=dict)
     _orig: Callable[[Call, Int16Array], None] | None = None
+    _orig_packet: Callable[[Call, int, Int16Array], None] | None = None
     _orig_vad: Callable[[Call, list[VadEvent]], None] | None = None
 
     def install(self) -> None:
         orig = Call.on_caller_audio
+        orig_packet = Call.on_caller_packet
         orig_vad = Call.on_vad
         self._orig = orig
+        self._orig_packet = orig_packet
         self._orig_vad = orig_vad
         tap = self
 
+        # Where the gateway got each caller frame on its media clock: the tick that handed it
+        # over (jitter buffer), or — fed on arrival — the agent's clock when the packet came
+        # in, less the packet's 20 ms (the frame of a tick spans the 20 ms up to far_pos).
         def on_caller_audio(call: Call, pcm: Int16Array) -> None:
-            pos = call.media.tick_pos
-            tap.frames.setdefault(call.id, []).append((pos, np.asarray(pcm, np.int16).tobytes()))
+            if not call._on_arrival:
+                pos = call.media.tick_pos
+                data = np.asarray(pcm, np.int16).tobytes()
+                tap.frames.setdefault(call.id, []).append((pos, data))
             orig(call, pcm)
+
+        def on_caller_packet(call: Call, ts: int, pcm: Int16Array) -> None:
+            pos = call.media.far_pos - len(pcm)
+            tap.frames.setdefault(call.id, []).append((pos, np.asarray(pcm, np.int16).tobytes()))
+            orig_packet(call, ts, pcm)
 
         # Decisions come from the detectors' batch (Call.on_vad), a few ms after the frame.
         def on_vad(call: Call, events: list[VadEvent]) -> None:
@@ -195,12 +216,16 @@ class GatewayTap:
                 tap.decided_wall.setdefault(call.id, []).append(time.time())
 
         setattr(Call, "on_caller_audio", on_caller_audio)  # noqa: B010 (class-wide patch)
+        setattr(Call, "on_caller_packet", on_caller_packet)  # noqa: B010
         setattr(Call, "on_vad", on_vad)  # noqa: B010
 
     def remove(self) -> None:
         if self._orig is not None:
             setattr(Call, "on_caller_audio", self._orig)  # noqa: B010
             self._orig = None
+        if self._orig_packet is not None:
+            setattr(Call, "on_caller_packet", self._orig_packet)  # noqa: B010
+            self._orig_packet = None
         if self._orig_vad is not None:
             setattr(Call, "on_vad", self._orig_vad)  # noqa: B010
             self._orig_vad = None
@@ -333,7 +358,41 @@ async def speech_trial(
             r["decision_to_client_silence_ms"] = (last_arrival - walls[idx]) * 1000
             r["last_nonzero_sample_ms"] = last_pos * 1000 / RATE
         r["nonzero_after_zero"] = after_zero
+    r.update(caller_side(media, pkts, frames, k_on, b.zero_ms))
     return r
+
+
+def caller_side(
+    media: RtpPeer, pkts: list[Any], frames: list[Int16Array], k_on: int, zero_ms: float
+) -> dict[str, Any]:
+    """The barge-in as the caller lives it, on the wall clock at the caller's socket: from the
+    moment the client *sent* the packet holding its first audible sample to the kernel arrival
+    of the first agent packet that is silent because of the barge-in (the first packet at or
+    after the gateway's zero point, by RTP timestamp, so a pause in the agent's speech before
+    the decision is not taken for it), and to the arrival of the packet carrying the fade's
+    end (the last one with agent audio).  Packet arrival, not playout: a phone adds its own
+    jitter buffer on top of both."""
+    if k_on >= len(media.sent_at) or not pkts:
+        return {}
+    sent = media.sent_at[k_on]
+    ts0 = pkts[0].ts
+    zero = round(zero_ms * RATE / 1000)
+    silent: tuple[float, int] | None = None  # (arrival, peak) of the first packet past zero
+    fade: float | None = None  # arrival of the packet holding the zero point
+    for p, f in zip(pkts, frames, strict=True):
+        rel = (p.ts - ts0) & 0xFFFFFFFF
+        if rel >= zero and (silent is None or p.arrival < silent[0]):
+            if rel < zero + 4 * SPF:  # the packets right after the zero point only
+                silent = (p.arrival, int(np.abs(f).max(initial=0)))
+        elif rel < zero <= rel + SPF:
+            fade = p.arrival
+    out: dict[str, Any] = {}
+    if silent is not None:
+        out["caller_onset_to_silent_packet_ms"] = (silent[0] - sent) * 1000
+        out["silent_packet_peak"] = silent[1]
+    if fade is not None:
+        out["caller_onset_to_fade_packet_ms"] = (fade - sent) * 1000
+    return out
 
 
 async def echo_only_call(live: Live) -> dict[str, Any]:
@@ -374,6 +433,7 @@ def conditions(opts: BenchOptions, settings: dict[str, Any] | None = None) -> di
         "echo_seconds_min": opts.echo_seconds,
         "seed": opts.seed,
         "quick": opts.quick,
+        "baseline_interleaved": opts.baseline,
         "caller_speech_dbfs": SPEECH_DBFS,
         "audible_onset_dbfs": AUDIBLE_DBFS,
         "echo_gain_db": ECHO_GAIN_DB,
@@ -399,12 +459,20 @@ async def _run(opts: BenchOptions) -> dict[str, Any]:
             cond["bargein_settings"] = live.settings
             # One unmeasured call first: the first call pays for lazy set-up on both sides.
             await echo_only_warmup(live)
+            settings = live.gw.manager.bargein
+            on_arrival = settings.on_arrival
             for i in range(opts.trials):
                 # Pairs: each sentence once without echo and once with it (double talk).
                 n = (i // 2) % len(speeches)
                 offset = rng.uniform(*OFFSET_RANGE_S)
-                trial = await speech_trial(live, tap, speeches[n], echo=i % 2 == 1, offset_s=offset)
-                trials.append({"sentence": n, **trial})
+                modes = (on_arrival, False) if opts.baseline else (on_arrival,)
+                for mode in modes if i % 2 else modes[::-1]:
+                    settings.on_arrival = mode  # read by the SIP leg as the call starts
+                    trial = await speech_trial(
+                        live, tap, speeches[n], echo=i % 2 == 1, offset_s=offset
+                    )
+                    trials.append({"sentence": n, "on_arrival": mode, **trial})
+            settings.on_arrival = on_arrival
             while sum(c["echo_s"] for c in echo_calls) < opts.echo_seconds:
                 echo_calls.append(await echo_only_call(live))
                 if len(echo_calls) >= 50 or echo_calls[-1]["echo_s"] <= 0:
@@ -412,7 +480,15 @@ async def _run(opts: BenchOptions) -> dict[str, Any]:
     finally:
         tap.remove()
     cond["loadavg_1m_at_end"] = os.getloadavg()[0]
-    return report(cond, trials, echo_calls)
+    r = report(cond, [t for t in trials if t["on_arrival"] == on_arrival], echo_calls)
+    base = [t for t in trials if t["on_arrival"] != on_arrival]
+    if base:
+        b = report(cond, base, [])
+        r["baseline"] = {
+            "on_arrival": not on_arrival,
+            **{k: b[k] for k in ("trials", "by_echo", "samples", *_LATENCY_KEYS)},
+        }
+    return r
 
 
 async def echo_only_warmup(live: Live) -> None:
@@ -422,6 +498,12 @@ async def echo_only_warmup(live: Live) -> None:
         await asyncio.sleep(0.3)
     finally:
         await _hang_up(client, call)
+
+
+_LATENCY_KEYS = (
+    "caller_onset_to_silent_packet_ms", "caller_onset_to_fade_packet_ms", "decision_to_zero_ms",
+    "onset_to_zero_ms", "onset_to_decision_ms",
+)  # fmt: skip
 
 
 def report(
@@ -457,6 +539,10 @@ def report(
         },
         "decision_to_zero_ms": percentiles(vals("decision_to_zero_ms")),
         "decision_to_client_silence_ms": percentiles(vals("decision_to_client_silence_ms")),
+        "caller_onset_to_silent_packet_ms": percentiles(vals("caller_onset_to_silent_packet_ms")),
+        "caller_onset_to_fade_packet_ms": percentiles(vals("caller_onset_to_fade_packet_ms")),
+        # A "silent" packet that was not (its peak): 0 when the fade ends in the packet before.
+        "silent_packet_peak_max": max([int(t.get("silent_packet_peak", 0)) for t in trials] or [0]),
         "onset_to_zero_ms": percentiles(vals("onset_to_zero_ms")),
         "detector_onset_to_zero_ms": percentiles(vals("detector_onset_to_zero_ms")),
         "onset_to_decision_ms": percentiles(vals("onset_to_decision_ms")),
@@ -484,7 +570,11 @@ def report(
         "samples": {key: vals(key) for key in SAMPLE_KEYS},
     }
     d2z, o2z = r["decision_to_zero_ms"]["p99"], r["onset_to_zero_ms"]["p95"]
+    c2s = r["caller_onset_to_silent_packet_ms"]
     r["met"] = {
+        "caller_onset_to_silence": not math.isnan(c2s["p95"])
+        and c2s["p50"] <= TARGETS["caller_onset_to_silence_p50_ms"]
+        and c2s["p95"] <= TARGETS["caller_onset_to_silence_p95_ms"],
         "decision_to_zero": not math.isnan(d2z) and d2z <= TARGETS["decision_to_zero_p99_ms"],
         "onset_to_zero": not math.isnan(o2z) and o2z <= TARGETS["onset_to_zero_p95_ms"],
         "false_bargeins_on_echo": false_n <= TARGETS["false_bargeins_on_echo"] and echo_s > 0,
@@ -526,6 +616,17 @@ def format_report(r: dict[str, Any]) -> str:
         f"without echo), measured {t['measured']}",
         "  latency, ms:",
         row(
+            "caller side: speech packet sent → first silent packet",
+            r["caller_onset_to_silent_packet_ms"],
+            f"  target p50 ≤ {r['targets']['caller_onset_to_silence_p50_ms']:.0f}, p95 ≤ "
+            f"{r['targets']['caller_onset_to_silence_p95_ms']:.0f} "
+            f"[{mark('caller_onset_to_silence')}]",
+        ),
+        row(
+            "caller side: speech packet sent → fade's last packet",
+            r["caller_onset_to_fade_packet_ms"],
+        ),
+        row(
             "VAD decision → output at zero (media)",
             r["decision_to_zero_ms"],
             f"  target p99 ≤ {r['targets']['decision_to_zero_p99_ms']:.0f} "
@@ -559,6 +660,16 @@ def format_report(r: dict[str, Any]) -> str:
         "  reference: pipecat 1.14 stock telephony agent, onset → silence 326 ms p50 / 625 ms "
         "p95, hard cut",
     ]
+    base = r.get("baseline")
+    if base:
+        lines += [
+            f"  same-run baseline, bargein.on_arrival = {str(base['on_arrival']).lower()} "
+            f"({base['trials']['speech']} trials, interleaved; missed {base['trials']['missed']}):",
+            row("caller side: speech packet sent → first silent packet",
+                base["caller_onset_to_silent_packet_ms"]),
+            row("speech onset (ground truth) → zero", base["onset_to_zero_ms"]),
+            row("speech onset → VAD decision", base["onset_to_decision_ms"]),
+        ]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -569,6 +680,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         seed=args.seed,
         quick=args.quick,
         engine=getattr(args, "engine", "onnx"),
+        baseline=getattr(args, "baseline", False),
     )
     if opts.quick:
         opts.trials = min(opts.trials, 4)

@@ -59,6 +59,11 @@ def add_bargein_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument(
         "--quick", action="store_true", help="a short smoke run: 4 trials, 15 s of echo"
     )  # fmt: skip
+    b.add_argument(
+        "--baseline", action="store_true",
+        help="interleave as many trials with the detector behind the jitter buffer "
+        "(bargein.on_arrival = false): a same-run baseline",
+    )  # fmt: skip
 
 
 def add_webrtc_arguments(w: argparse.ArgumentParser) -> None:

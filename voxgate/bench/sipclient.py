@@ -128,6 +128,9 @@ class RtpPeer:
         self._send_task: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()
         self.sent = 0
+        # Wall time (``time.time``, the clock of the kernel's receive timestamps) each audio
+        # frame from ``_next_frame`` went out, in frame order: caller-side latencies start here.
+        self.sent_at: list[float] = []
         self.send_late_max = 0.0
         loop.add_reader(sock.fileno(), self._readable)
 
@@ -327,14 +330,18 @@ class RtpPeer:
             if train and self.dtmf_pt is not None:
                 marker, payload = train.pop(0)
                 data = pack_rtp(self.dtmf_pt, marker, self._seq, train_ts, self.ssrc, payload)
+                audio = False
             else:
                 data = pack_rtp(self.payload_type, n == 0, self._seq, ts, self.ssrc,
                                 self._next_frame())  # fmt: skip
+                audio = True
             self._seq = (self._seq + 1) & 0xFFFF
             if self.remote is not None:
                 with contextlib.suppress(OSError):
                     self.sock.sendto(data, self.remote)
                     self.sent += 1
+            if audio:
+                self.sent_at.append(time.time())
             n += 1
 
     def close(self) -> None:

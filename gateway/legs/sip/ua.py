@@ -568,10 +568,15 @@ class SipUA:
         (media flows from here on: silence until the agent talks)."""
         assert leg.endpoint is not None
         call = leg.call
+        settings = call.manager.bargein
+        on_arrival = settings is None or settings.on_arrival
+        if on_arrival:
+            call.feed_on_arrival()
         leg.endpoint.configure(
             params,
             on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms),
             on_audio=lambda frame: call.on_caller_audio(frame.pcm),
+            on_arrival=call.on_caller_packet if on_arrival else None,
         )
         attach_source(leg.endpoint, call)
         call.set_codec(params.codec)

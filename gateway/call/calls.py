@@ -150,6 +150,8 @@ class CallHost(Protocol):
 
     def stage_detection(self, call: Call) -> None: ...
 
+    def flush_detection(self) -> None: ...
+
     def publish(self, event: Event) -> None: ...
 
     def forget(self, call: Call) -> None: ...
@@ -658,6 +660,10 @@ class Call:
             if self.recorder is not None:  # the other party, in the agent's place
                 self.recorder.agent(at, pcm)
             return pcm
+        if self._staged and self._on_arrival:
+            # Caller packets that came in since the last tick are decided before this frame
+            # goes (not up to the batch timer later): a barge-in fades this very frame.
+            self.manager.flush_detection()
         pcm, events = self.playout.pull(n)
         if events:
             self._on_playout(events)

@@ -20,9 +20,12 @@ QUIET_PEAK = 200
 # (a long network stall, a sender whose timeline jumped) are re-anchored to arrive "now".
 # Below the detector's far history (1 s+) so a placed frame always finds its echo reference.
 MAX_BEHIND_S = 0.5
-# How far behind the agent's clock arriving caller audio is placed: room for packets that
-# arrive sooner than the first one did (network jitter) without moving the placement.
-ARRIVAL_SLACK_S = 0.04
+# How far behind the agent's clock arriving caller audio is placed (plus up to a frame for
+# the grid): room for packets that arrive sooner than the first one did (network jitter)
+# without moving the placement.  It is taken off the echo delay the detector sees, so it
+# stays below the shortest echo path a phone leg has (the phone's own packetisation and
+# jitter buffer alone make that 40 ms or more).
+ARRIVAL_SLACK_S = 0.02
 
 
 class MediaCoupling:

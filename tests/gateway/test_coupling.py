@@ -91,14 +91,17 @@ def test_a_packet_sooner_than_the_slack_allows_moves_the_placement_back() -> Non
     # The next ones come on time: 100 ms "sooner" than the first, beyond the agent's clock.
     placed = m.arrived(N + 800, N)  # its timestamp says 120 ms later, it came after no tick
     assert placed == (pos + N, 0) and m.reanchored == 1  # right after the first: nothing lost
+    _ticks(m, 1)
     assert m.arrived(2 * N + 800, N) == (pos + 2 * N, 0)  # the new placement holds
     assert m.reanchored == 1
     # No room at all behind the clock: placed at the bound, the overlapping head dropped.
-    _ticks(m, 1)  # far_pos 1760
-    placed = m.arrived(20 * N, 2 * N)  # 40 ms of audio, far "ahead"
+    _ticks(m, 1)
+    placed = m.arrived(20 * N, 3 * N)  # 60 ms of audio, far "ahead"
     assert placed is not None
     start, skip = placed
-    assert start + (2 * N - skip) == m.far_pos and start == pos + 3 * N and skip == N
+    assert start + 3 * N - skip == m.far_pos  # ends at the agent's clock, not beyond
+    assert start == pos + 3 * N and skip > 0  # right after what was placed, head dropped
+    assert m.arrived(23 * N, N) is None  # and with no tick since, there is no room left
 
 
 def test_a_long_stall_re_anchors_forward() -> None:

@@ -135,6 +135,7 @@ class CallerMixer:
         self.gain = 10 ** (ECHO_GAIN_DB / 20)
         self._echo_buf: Int16Array = np.zeros(RATE * ECHO_DELAY_MS // 1000, np.int16)
         self._rx_seen = 0
+        self._slot: int | None = None  # the sender's slot of the last frame produced
         self.k = 0  # frames produced
         self.sent: list[Int16Array] = []  # each frame as sent, G.711-decoded
         self.speech: Int16Array | None = None
@@ -158,6 +159,13 @@ class CallerMixer:
             self._rx_seen = len(rx)
             if new:
                 self._echo_buf = np.concatenate([self._echo_buf, *new])
+            # A hybrid's echo has a fixed delay: the slots a key press took (event packets,
+            # no audio frame asked for) let their echo go by, or every press would add its
+            # length to the echo delay.
+            slot = self.media.slot
+            if self._slot is not None and slot > self._slot + 1:
+                self._echo_buf = self._echo_buf[(slot - self._slot - 1) * SPF :]
+            self._slot = slot
             take = self._echo_buf[:SPF]
             self._echo_buf = self._echo_buf[SPF:]
             out[: len(take)] += take.astype(np.float64) * self.gain

@@ -9,11 +9,12 @@ kernel packet timestamps, the same in every process of this machine):
    Streams, :func:`serve_probe_bot`), called by the project's SIP client over real RTP.
 
    - caller → bot: the caller sends a loud 20 ms frame every ``PROBE_EVERY`` frames; the
-     gateway's ``Call.on_caller_audio`` (where every agent's ear taps the call, after the
-     inbound jitter buffer) is wrapped to note when each loud frame reached it, the probe bot
+     gateway's ``Call.on_caller_packet`` (where every agent's ear taps a SIP call, as each
+     packet arrives; ``Call.on_caller_audio``, after the jitter buffer, with
+     ``bargein.on_arrival`` off) is wrapped to note when each loud frame reached it, the probe bot
      notes when its ``media`` message arrived. *Bridge-added* = bot arrival − tap. *Raw* =
-     bot arrival − the caller's send time (adds the jitter buffer and the wait for the tick,
-     which any media path has).
+     bot arrival − the caller's send time (with ``on_arrival`` off it adds the jitter buffer
+     and the wait for the tick).
    - bot → caller: the bot sends a 20 ms tone burst as one ``media`` message every 200–350 ms.
      Wrapped ``Call.play_audio`` notes its arrival in the gateway, wrapped ``Call.pull_audio``
      the media tick that took it; the caller notes the kernel arrival of the RTP packet. The
@@ -280,17 +281,25 @@ class GatewayProbe:
     _saved: list[tuple[str, Any]] = field(default_factory=list)
 
     def install(self) -> None:
-        on_caller_audio, play_audio, pull_audio = (
-            Call.on_caller_audio, Call.play_audio, Call.pull_audio,
+        on_caller_audio, on_caller_packet, play_audio, pull_audio = (
+            Call.on_caller_audio, Call.on_caller_packet, Call.play_audio, Call.pull_audio,
         )  # fmt: skip
-        self._saved = [("on_caller_audio", on_caller_audio), ("play_audio", play_audio),
+        self._saved = [("on_caller_audio", on_caller_audio),
+                       ("on_caller_packet", on_caller_packet), ("play_audio", play_audio),
                        ("pull_audio", pull_audio)]  # fmt: skip
         probe = self
 
+        # The agents' ears tap the call where its caller audio comes in: on arrival when the
+        # leg feeds it so (bargein.on_arrival), else at the tick after the jitter buffer.
         def tap(call: Call, pcm: Int16Array) -> None:
-            if peak(pcm) > LOUD:
+            if not call._on_arrival and peak(pcm) > LOUD:
                 probe.tapped.setdefault(call.id, []).append(time.time())
             on_caller_audio(call, pcm)
+
+        def tap_packet(call: Call, ts: int, pcm: Int16Array) -> None:
+            if peak(pcm) > LOUD:
+                probe.tapped.setdefault(call.id, []).append(time.time())
+            on_caller_packet(call, ts, pcm)
 
         def play(call: Call, utterance_id: str, pcm: Int16Array, **kw: Any) -> int:
             if len(pcm) <= SPF and peak(pcm) > LOUD:  # a burst, not the 2 s tone
@@ -306,6 +315,7 @@ class GatewayProbe:
             return pcm
 
         setattr(Call, "on_caller_audio", tap)  # noqa: B010 (class-wide patch, bench process)
+        setattr(Call, "on_caller_packet", tap_packet)  # noqa: B010
         setattr(Call, "play_audio", play)  # noqa: B010
         setattr(Call, "pull_audio", pull)  # noqa: B010
 

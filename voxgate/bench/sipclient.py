@@ -131,6 +131,9 @@ class RtpPeer:
         # Wall time (``time.time``, the clock of the kernel's receive timestamps) each audio
         # frame from ``_next_frame`` went out, in frame order: caller-side latencies start here.
         self.sent_at: list[float] = []
+        # The 20 ms slot being sent (audio or a key press's event packet): a frame source
+        # that must keep time through key presses (an echo) reads it.
+        self.slot = 0
         self.send_late_max = 0.0
         loop.add_reader(sock.fileno(), self._readable)
 
@@ -322,6 +325,7 @@ class RtpPeer:
                 await asyncio.sleep(delay)
             self.send_late_max = max(self.send_late_max, loop.time() - due)
             ts = self.ts0 + n * SPF
+            self.slot = n
             if not train and self._dtmf:
                 train, fut = self._dtmf.pop(0)
                 train_ts = ts

@@ -80,21 +80,49 @@ def _as_int16(samples: npt.ArrayLike) -> Int16Array:
     return xa.reshape(-1)
 
 
+# ``ndarray.take`` rather than fancy indexing: the same gather, without the index-parsing
+# overhead that dominates at 160 samples (about 0.65 against 0.95 µs here).
 def ulaw_encode(samples: npt.ArrayLike) -> bytes:
     """int16 samples → μ-law bytes (one per sample); same as ``audioop.lin2ulaw(b, 2)``."""
-    return bytes(_ULAW_ENC[_as_int16(samples).view(np.uint16)])
+    return _ULAW_ENC.take(_as_int16(samples).view(np.uint16)).tobytes()
 
 
 def alaw_encode(samples: npt.ArrayLike) -> bytes:
     """int16 samples → A-law bytes; same as ``audioop.lin2alaw(b, 2)``."""
-    return bytes(_ALAW_ENC[_as_int16(samples).view(np.uint16)])
+    return _ALAW_ENC.take(_as_int16(samples).view(np.uint16)).tobytes()
 
 
 def ulaw_decode(data: bytes) -> Int16Array:
     """μ-law bytes → int16 samples; same as ``audioop.ulaw2lin(b, 2)``."""
-    return _ULAW_DEC[np.frombuffer(data, dtype=np.uint8)]
+    return _ULAW_DEC.take(np.frombuffer(data, dtype=np.uint8))
 
 
 def alaw_decode(data: bytes) -> Int16Array:
     """A-law bytes → int16 samples; same as ``audioop.alaw2lin(b, 2)``."""
-    return _ALAW_DEC[np.frombuffer(data, dtype=np.uint8)]
+    return _ALAW_DEC.take(np.frombuffer(data, dtype=np.uint8))
+
+
+# --- many frames at once (the media tick's batch: every due call's frame in one gather) ---------
+ENCODE_TABLES: dict[str, UInt8Array] = {"ulaw": _ULAW_ENC, "alaw": _ALAW_ENC}
+DECODE_TABLES: dict[str, Int16Array] = {"ulaw": _ULAW_DEC, "alaw": _ALAW_DEC}
+
+
+def encode_frames(
+    law: str, frames: npt.NDArray[np.int16], out: npt.NDArray[np.uint8] | None = None
+) -> UInt8Array:
+    """G.711 of a 2-D block of int16 frames (one row per call), written into ``out`` (same
+    shape, uint8; any strides, e.g. the payload columns of a block of RTP packets) or a new
+    array.  Row for row the bytes of :func:`ulaw_encode`/:func:`alaw_encode`: one gather over
+    the whole block instead of one per frame."""
+    table = ENCODE_TABLES[law]
+    if frames.dtype != np.int16 or frames.ndim != 2:
+        raise TypeError(f"expected a 2-D int16 block, got {frames.ndim}-D {frames.dtype}")
+    idx = frames.view(np.uint16)
+    if out is None:
+        return table.take(idx)
+    if out.shape != frames.shape or out.dtype != np.uint8:
+        raise ValueError(f"out must be uint8 {frames.shape}, got {out.dtype} {out.shape}")
+    # mode="clip": uint16 indices are always within the 65536-entry table, and a checked mode
+    # would make numpy buffer the whole output when ``out`` is not contiguous.
+    table.take(idx, out=out, mode="clip")
+    return out

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dsp.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from dsp.g711 import alaw_decode, alaw_encode, encode_frames, ulaw_decode, ulaw_encode
 
 Int16Array = npt.NDArray[np.int16]
+UInt8Array = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,12 @@ class Codec:
     static_pt: int
     encode: Callable[[npt.ArrayLike], bytes]
     decode: Callable[[bytes], Int16Array]
+    law: str  # dsp.g711's name for it: the tables the batched encode gathers from
+
+    def encode_frames(self, frames: Int16Array, out: UInt8Array | None = None) -> UInt8Array:
+        """Many frames at once (a 2-D block, one row per call): row for row ``encode``'s bytes,
+        written into ``out`` when given (see :func:`dsp.g711.encode_frames`)."""
+        return encode_frames(self.law, frames, out)
 
     @property
     def silence_byte(self) -> int:
@@ -30,8 +37,8 @@ class Codec:
 
 
 CODECS: dict[str, Codec] = {
-    "PCMU": Codec("PCMU", 0, ulaw_encode, ulaw_decode),
-    "PCMA": Codec("PCMA", 8, alaw_encode, alaw_decode),
+    "PCMU": Codec("PCMU", 0, ulaw_encode, ulaw_decode, "ulaw"),
+    "PCMA": Codec("PCMA", 8, alaw_encode, alaw_decode, "alaw"),
 }
 
 

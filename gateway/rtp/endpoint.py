@@ -25,10 +25,11 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from gateway.rtp.batch import OutboundBatch
 from gateway.rtp.dtmf import DtmfDigit
 from gateway.rtp.jitter import Int16Array, JitterFrame
 from gateway.rtp.latch import Addr
-from gateway.rtp.pacer import Ticker
+from gateway.rtp.pacer import Pacer, Ticker
 from gateway.rtp.session import JitterConfig, RtpSession, TickResult
 from gateway.rtp.srtp import SrtpContext, srtp_for
 from gateway.sdp import MediaParams
@@ -161,24 +162,46 @@ class RtpEndpoint:
         self.session.start(at)
 
     def tick(self, now: float) -> TickResult | None:
+        """One call's whole tick (the per-call path; the batched one is
+        :meth:`MediaTicker._tick_batch` with :meth:`send_now` and :meth:`inbound_tick`)."""
         session = self.session
         if session is None:
             return None
         result = session.tick(now)
-        if result.packet is not None and self.transport is not None:
+        if result.packet is not None:
+            self.send_now(result.packet)
+        self._deliver(result.frame, result.digits)
+        return result
+
+    def send_now(self, packet: bytes) -> None:
+        """This tick's packet to wherever the session sends (nowhere while nothing is latched
+        or the SDP says hold)."""
+        session = self.session
+        if session is not None and self.transport is not None:
             remote = session.remote
             if remote is not None:
-                self.send_packet(result.packet, remote)
+                self.send_packet(packet, remote)
+
+    def inbound_tick(self, now: float) -> None:
+        """The inbound half of a tick: the jitter buffer's frame for it, and any DTMF press
+        whose end never came, to the callbacks (after the batch's packets are sent)."""
+        session = self.session
+        if session is None:
+            return
+        frame = session.jitter.pull()
+        digits = session.dtmf.poll(now)
+        self._deliver(frame, digits)
+
+    def _deliver(self, frame: JitterFrame, digits: list[DtmfDigit]) -> None:
         try:
             if self.on_audio is not None:
-                self.on_audio(result.frame)
-            if result.digits and self.on_dtmf is not None:
-                for d in result.digits:
+                self.on_audio(frame)
+            if digits and self.on_dtmf is not None:
+                for d in digits:
                     self.on_dtmf(d)
         except Exception:
             # One call's consumer must not stop the ticker that paces every other call.
             log.exception("media callback failed on port %d", self.local_port)
-        return result
 
     def send_packet(self, packet: bytes, remote: Addr) -> None:
         """One RTP packet the pacer built onto the socket, SRTP-protected when negotiated."""
@@ -200,17 +223,35 @@ class MediaTicker:
     """One timer for every call: sleeps until the earliest due packet (``loop.call_at``),
     sends everything due, re-arms.  No per-call task, no ``sleep(0.02)`` loops.
 
+    ``batched`` (the default): a wake-up ticks its due calls together
+    (:class:`gateway.rtp.batch.OutboundBatch`): every call's agent frame pulled, all frames
+    encoded and packed in one step, then the packets sent back to back, then each call's
+    jitter-buffer frame delivered.  ``batched=False`` ticks them one call at a time (the
+    reference the batched path is tested and measured against).  Either way one call that
+    raises is logged and the others are paced as usual.
+
     ``error`` (a :class:`SendTimeStats`) holds the send-time error of every packet:
-    ``loop.time()`` just before the call's tick (its ``sendto``) minus its schedule.
-    ``batch_max_s`` is the longest wake-up (all due calls' work together).
+    ``loop.time()`` just before the call's ``sendto`` (batched; per call: before its tick)
+    minus its schedule.  ``batch_max_s`` is the longest wake-up (all due calls' work
+    together).
     """
 
-    def __init__(self, *, align: float = 0.002, slack: float = 0.001, period: float = 0.02) -> None:
+    def __init__(
+        self,
+        *,
+        align: float = 0.002,
+        slack: float = 0.001,
+        period: float = 0.02,
+        batched: bool = True,
+    ) -> None:
         self._ticker: Ticker[RtpEndpoint] = Ticker(align=align, slack=slack, period=period)
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.batched = batched
+        self._batch = OutboundBatch()
         self.batch_max_s = 0.0
+        self.failures = 0  # calls whose tick raised (logged)
 
     @property
     def error(self) -> Any:
@@ -252,11 +293,74 @@ class MediaTicker:
         self._armed_at = None
         assert self._loop is not None
         now = self._loop.time()
+        items = self._ticker.pop_due(now)
         try:
-            self._ticker.run(now, self._loop.time)
+            if self.batched:
+                self._tick_batch(items, now)
+            else:
+                self._tick_each(items)
         finally:
+            self._ticker.reschedule(items)
             self.batch_max_s = max(self.batch_max_s, self._loop.time() - now)
             self._arm()
+
+    def _tick_each(self, items: list[RtpEndpoint]) -> None:
+        assert self._loop is not None
+        clock = self._loop.time
+        ticker = self._ticker
+        errors: list[float] = []
+        for ep in items:
+            if not ticker.is_member(ep):
+                continue  # removed by an earlier call's tick
+            t = clock()
+            errors.append(t - ep.next_due)
+            try:
+                ep.tick(t)
+            except Exception:
+                self.failures += 1
+                log.exception("media tick failed on port %d", ep.local_port)
+        ticker.error.add(errors)
+
+    def _tick_batch(self, items: list[RtpEndpoint], now: float) -> None:
+        assert self._loop is not None
+        ticker = self._ticker
+        eps: list[RtpEndpoint] = []
+        pacers: list[Pacer] = []
+        for ep in items:
+            session = ep.session
+            if session is not None and ticker.is_member(ep):
+                eps.append(ep)
+                pacers.append(session.pacer)
+        batch = self._batch
+        packets = batch.build(pacers, now, lambda i: ticker.is_member(eps[i]))
+        for i, exc in batch.failures:
+            self.failures += 1
+            log.error("media tick failed on port %d", eps[i].local_port, exc_info=exc)
+        scheduled = batch.scheduled
+        clock = self._loop.time
+        errors: list[float] = []
+        # The packets first, back to back: a call's send time does not wait for the other
+        # calls' inbound work.
+        for i, ep in enumerate(eps):
+            due = scheduled[i]
+            if due is None:
+                continue  # removed from the schedule before its turn came
+            errors.append(clock() - due)
+            packet = packets[i]
+            if packet is not None and ticker.is_member(ep):
+                try:
+                    ep.send_now(packet)
+                except Exception:
+                    self.failures += 1
+                    log.exception("RTP send failed on port %d", ep.local_port)
+        ticker.error.add(errors)
+        for ep in eps:
+            if ticker.is_member(ep):
+                try:
+                    ep.inbound_tick(now)
+                except Exception:
+                    self.failures += 1
+                    log.exception("inbound media tick failed on port %d", ep.local_port)
 
     def close(self) -> None:
         if self._handle is not None:

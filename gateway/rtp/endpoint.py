@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import secrets
 import socket
 from collections.abc import Callable
@@ -154,7 +155,8 @@ class RtpEndpoint:
     # -- Scheduled protocol (driven by MediaTicker) ----------------------------------------
     @property
     def next_due(self) -> float:
-        return self.session.next_due if self.session is not None else float("inf")
+        session = self.session
+        return session.pacer.next_due if session is not None else math.inf
 
     def start(self, at: float) -> None:
         if self.session is None:

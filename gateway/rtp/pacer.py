@@ -590,11 +590,28 @@ class Ticker(Generic[T]):
     def reschedule(self, items: list[T]) -> None:
         """Put ticked items back at their next due time; an item removed meanwhile stays out,
         one re-added meanwhile (``add`` from its own tick) is already in."""
-        members, slot_of = self._members, self._slot_of
+        members, slot_of, slots = self._members, self._slot_of, self._slots
+        align = self.align
+        last_slot = -1
+        group: list[T] = []
         for item in items:
             key = id(item)
-            if key in members and key not in slot_of:
-                self._push(item)
+            if key not in members or key in slot_of:
+                continue
+            due = item.next_due
+            if math.isinf(due):
+                continue
+            # _push, with the slot's list kept from the previous item: a phase's calls move
+            # on to the same next slot together.
+            slot = math.ceil(due / align - 1e-6)
+            if slot != last_slot:
+                found = slots.get(slot)
+                if found is None:
+                    found = slots[slot] = []
+                    heapq.heappush(self._heap, slot)
+                group, last_slot = found, slot
+            group.append(item)
+            slot_of[key] = slot
 
     def is_member(self, item: T) -> bool:
         """Still scheduled (not removed), e.g. by an earlier call's tick in the same batch."""

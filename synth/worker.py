@@ -32,7 +32,7 @@ from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine, StagedWarmup, WarmStep
 from synth.render import Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
-from voxgate.contract.bus.base import Bus, BusError, Delivery
+from voxgate.contract.bus.base import Bus, BusDown, BusError, Delivery
 from voxgate.contract.bus.schema import (
     ERR_BAD_REQUEST,
     ERR_DEADLINE,
@@ -132,7 +132,11 @@ class Worker:
         # Finished renderings replayed for repeated prompts (0: off).
         self.cache = RenderCache(cache_bytes) if cache_bytes > 0 else None
         # More pool threads than cores only adds contention; utterances beyond that interleave.
-        self._threads = max(1, min(concurrency, os.cpu_count() or 1))
+        # A batching engine (issue 16) says how many steps it wants at once: its steps mostly
+        # wait for its batch scheduler, and every utterance left out of a step is a batch row
+        # missing, so it gets a thread per utterance.
+        wanted = getattr(engine, "concurrent_steps", None) or os.cpu_count() or 1
+        self._threads = max(1, min(concurrency, int(wanted)))
         self._executor: PriorityExecutor | None = None  # exists while run() does
         self._active: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # delivery id -> its task
@@ -299,14 +303,12 @@ class Worker:
     async def _bus_pause(self, what: str, exc: BusError) -> None:
         """After a failed bus operation of a loop: wait until the next attempt is due. An
         outage is logged once by the bus; an error reply (Redis up) is worth a line each."""
-        health = self.bus.health
-        now = time.monotonic()
-        if health.up:
+        if isinstance(exc, BusDown):
+            log.debug("%s: %s", what, exc)
+            await asyncio.sleep(self.bus.health.pause_s(time.monotonic()))
+        else:
             log.warning("%s: %s; retrying", what, exc)
             await asyncio.sleep(0.5)
-        else:
-            log.debug("%s: %s", what, exc)
-            await asyncio.sleep(health.pause_s(now))
 
     async def _through_outage(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run one bus operation of an utterance; while the bus is down (not an error reply),
@@ -316,16 +318,15 @@ class Worker:
         while True:
             try:
                 return await op()
-            except BusError:
-                health = self.bus.health
+            except BusDown:
                 now = time.monotonic()
-                if health.up or self._stopping:
+                if self._stopping:
                     raise
                 if first_failure is None:
                     first_failure = now
                 elif now - first_failure >= self.default_deadline_s:
                     raise
-                await asyncio.sleep(health.pause_s(now))
+                await asyncio.sleep(self.bus.health.pause_s(now))
 
     async def _publish(self, message: AudioChunk | UtteranceEnd | UtteranceError) -> None:
         await self._through_outage(functools.partial(self.bus.publish, message))
@@ -338,11 +339,12 @@ class Worker:
         for delivery_id in list(self._unacked):
             try:
                 await self.bus.ack(delivery_id)
+            except BusDown:
+                return  # still down: next time
             except BusError:
-                if not self.bus.health.up:
-                    return  # still down: next time
                 # An error reply: the entry (or the whole group, after Redis lost its data) is
                 # gone, so there is nothing left to ack.
+                pass
             self._unacked.discard(delivery_id)
 
     def _spawn(self, delivery: Delivery) -> None:
@@ -378,12 +380,12 @@ class Worker:
             wait = HEARTBEAT_S
             try:
                 await self.bus.heartbeat(self.name, info, ttl_s=3 * HEARTBEAT_S)
-            except BusError:
+            except BusDown:
                 # Beat again as soon as an attempt is due: after an outage, gateways see this
                 # worker (and answer OPTIONS 200 again) within the backoff cap, not a period.
-                health = self.bus.health
-                if not health.up:
-                    wait = health.pause_s(time.monotonic())
+                wait = self.bus.health.pause_s(time.monotonic())
+            except BusError as exc:
+                log.warning("heartbeat failed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
 
@@ -399,20 +401,22 @@ class Worker:
                 # claimed by another worker while this one is still rendering it.
                 await self.bus.touch(self.name, list(self._in_flight))
             except BusError as exc:
-                if self.bus.health.up:
+                if not isinstance(exc, BusDown):
                     log.warning("touch failed: %s", exc)
             free = self.concurrency - len(self._active)
             if free <= 0:
                 continue
-            since_outage = self.bus.health.up_for(time.monotonic())
-            if since_outage is not None and since_outage * 1000 < self.claim_idle_ms:
-                # Everyone's requests went idle while Redis was away: give their workers (back
-                # now, touching them) a full claim_idle_ms before taking any over.
+            health = self.bus.health
+            since_outage = health.up_for(time.monotonic())
+            recent = since_outage is not None and since_outage * 1000 < self.claim_idle_ms
+            if not health.up or recent:
+                # Everyone's requests go idle while Redis is away: no claims during an outage,
+                # and their workers (back, touching them) get a full claim_idle_ms after it.
                 continue
             try:
                 claimed = await self.bus.claim_stale(self.name, self.claim_idle_ms, free)
             except BusError as exc:
-                if self.bus.health.up:
+                if not isinstance(exc, BusDown):
                     log.warning("claim failed: %s", exc)
                 continue
             for d in claimed:
@@ -474,9 +478,10 @@ class Worker:
                     )
         try:
             await self.bus.ack(d.id)
-        except BusError:
-            if not self.bus.health.up:
-                self._unacked.add(d.id)  # acked once the bus is back (_flush_acks)
+        except BusDown:
+            self._unacked.add(d.id)  # acked once the bus is back (_flush_acks)
+        except BusError as exc:
+            log.warning("ack of %s failed: %s", d.id, exc)
 
     async def _error(
         self, call: str, utt: str, seq: int, code: str, message: str, trace: str

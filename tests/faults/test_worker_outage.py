@@ -22,7 +22,7 @@ from tests.waiting import wait_for
 from voxgate.contract.bus import (
     AudioChunk,
     AudioMessage,
-    BusError,
+    BusDown,
     MemoryBus,
     RedisBus,
     SpeakRequest,
@@ -121,7 +121,7 @@ class AckOutageBus(MemoryBus):
     async def ack(self, delivery_id: str) -> None:
         if self.down:
             self.health.failed(time.monotonic(), "Connection refused")
-            raise BusError("ack: Redis unavailable")
+            raise BusDown("ack: Redis unavailable")
         self.acks.append(delivery_id)
         await super().ack(delivery_id)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from voxgate.contract.bus.base import Bus, BusError, Delivery, Subscription
+from voxgate.contract.bus.base import Bus, BusDown, BusError, Delivery, Subscription
 from voxgate.contract.bus.memory import MemoryBus
 from voxgate.contract.bus.redis_bus import RedisBus
 from voxgate.contract.bus.schema import (
@@ -18,6 +18,7 @@ __all__ = [
     "AudioChunk",
     "AudioMessage",
     "Bus",
+    "BusDown",
     "BusError",
     "Delivery",
     "MemoryBus",

@@ -140,3 +140,8 @@ class Bus(abc.ABC):
 
 class BusError(Exception):
     """The bus is unreachable or refused an operation."""
+
+
+class BusDown(BusError):
+    """The bus's server could not be reached, or is known to be down (an outage, not an error
+    reply): the same operation may well succeed once it answers again."""

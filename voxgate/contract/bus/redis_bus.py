@@ -36,7 +36,7 @@ from voxgate.contract.bus._common import (
     encode_audio,
     redact_url,
 )
-from voxgate.contract.bus.base import Bus, BusError, Delivery, Subscription
+from voxgate.contract.bus.base import Bus, BusDown, BusError, Delivery, Subscription
 from voxgate.contract.bus.schema import AudioMessage, SchemaError, SpeakRequest, audio_from_fields
 
 log = logging.getLogger("voxgate.contract.bus.redis")
@@ -175,7 +175,7 @@ class RedisBus(Bus):
         if not (health.allow(now) if probe else health.up):
             # Fail fast: a caller (a say, a publish) learns in microseconds what the next
             # connect attempt would tell it after its timeouts; attempts follow the backoff.
-            raise BusError(
+            raise BusDown(
                 f"{what}: Redis at {self._safe_url} unavailable for {health.down_for(now):.1f} s "
                 f"({health.last_error}); next attempt in {health.retry_in(now):.2f} s"
             )
@@ -183,7 +183,7 @@ class RedisBus(Bus):
             yield
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             self._lost(exc)
-            raise BusError(f"{what} on Redis at {self._safe_url} failed: {_why(exc)}") from exc
+            raise BusDown(f"{what} on Redis at {self._safe_url} failed: {_why(exc)}") from exc
         except RedisError as exc:
             self._answered()  # an error reply (NOGROUP, WRONGTYPE) is an answer: Redis is up
             raise BusError(f"{what} on Redis at {self._safe_url} failed: {exc}") from exc

@@ -442,9 +442,18 @@ def quick_refusal(data: bytes, refusal: Refusal) -> bytes | None:
     parsing or validating them (§8.2.6.2: Via, From, To with a tag added, Call-ID, CSeq); None
     when a field it needs is missing (the datagram is dropped)."""
     head = data.split(b"\n\r\n", 1)[0].split(b"\n\n", 1)[0].decode("utf-8", "surrogateescape")
-    fields: list[tuple[str, str]] = []
+    # §7.3.1: a line starting with SP/HTAB continues the field above (a folded To or Via
+    # copied line by line lost its URI or sent-by: found by fuzzing, RFC 4475 wsinv).
+    logical: list[str] = []
     for line in head.split("\n")[1:]:
-        name, colon, value = line.rstrip("\r").partition(":")
+        line = line.rstrip("\r")
+        if line[:1] in (" ", "\t") and logical:
+            logical[-1] = logical[-1] + " " + line.strip(" \t")
+        else:
+            logical.append(line)
+    fields: list[tuple[str, str]] = []
+    for line in logical:
+        name, colon, value = line.partition(":")
         canonical = _COPIED.get(name.strip().lower()) if colon else None
         if canonical is not None:
             fields.append((canonical, value.strip()))

@@ -138,7 +138,7 @@ class CampaignRoutes:
             raise _bad_request("request body is empty; expected a JSON object")
         try:
             value = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
             raise _bad_request(f"request body is not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise _bad_request("request body must be a JSON object")

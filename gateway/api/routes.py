@@ -277,7 +277,8 @@ async def json_object(request: web.Request) -> dict[str, object]:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
         value = json.loads(body)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+    # JSONDecodeError and UnicodeDecodeError; RecursionError: a few kB of "[" (fuzzing)
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest(f"request body must be a JSON object, got {_json_type(value)}")
@@ -442,7 +443,7 @@ async def _ndjson_text(request: web.Request, max_line_bytes: int) -> AsyncGenera
             return None
         try:
             value = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # too deep a nesting: not JSON for us
             raise BadRequest(f"ndjson line {line_no}: not valid JSON: {exc}") from None
         if not isinstance(value, dict):
             raise BadRequest(f"ndjson line {line_no}: expected an object, got {_json_type(value)}")

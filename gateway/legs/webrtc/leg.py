@@ -274,7 +274,7 @@ class WebRtcLeg:
             return
         try:
             msg = json.loads(message)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[" * 4000 nests too deep
             msg = None
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind == "dtmf":

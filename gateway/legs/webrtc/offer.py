@@ -50,7 +50,11 @@ def check_offer(body: dict[str, object]) -> CheckedOffer:
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or not sdp.strip():
         raise OfferError("field 'sdp' must be a non-empty string")
-    if len(sdp.encode()) > MAX_SDP_BYTES:
+    try:
+        size = len(sdp.encode())
+    except UnicodeEncodeError:  # JSON's "\ud800" decodes to a lone surrogate (found by fuzzing)
+        raise OfferError("field 'sdp' is not valid Unicode (a lone surrogate)") from None
+    if size > MAX_SDP_BYTES:
         raise OfferError(f"the SDP is over {MAX_SDP_BYTES} bytes")
     try:
         session = parse(sdp)

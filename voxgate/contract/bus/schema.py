@@ -41,8 +41,11 @@ class SchemaError(ValueError):
 def _decode(fields: Fields) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for k, v in fields.items():
-        key = k.decode() if isinstance(k, bytes) else k
-        out[key] = v if isinstance(v, bytes) else v.encode()
+        # Never a UnicodeError out of here (found by fuzzing): a field name that is not UTF-8
+        # is no field we know (ignored, as unknown ones are); a str value with lone
+        # surrogates keeps them, and reading it as text is then a SchemaError (``_text``).
+        key = k.decode("utf-8", "surrogateescape") if isinstance(k, bytes) else k
+        out[key] = v if isinstance(v, bytes) else v.encode("utf-8", "surrogatepass")
     return out
 
 

@@ -162,7 +162,10 @@ def digest_response(
 def hash_hex(algorithm: str, text: str | bytes) -> str:
     """``H(data)`` of RFC 7616 §3.4 for ``algorithm`` (``MD5``, ``SHA-256``...; no ``-sess``):
     the lower-case hex digest. KeyError for an algorithm this build does not have."""
-    data = text.encode("utf-8") if isinstance(text, str) else text
+    # surrogateescape: header text holds a non-UTF-8 byte as a lone surrogate (the parser's
+    # decoding); the hash is over the octets as sent (found by fuzzing: a realm or nonce
+    # byte 0x80 raised UnicodeEncodeError out of verify and build_authorization).
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     return _HASHES[algorithm.upper()](data)
 
 
@@ -231,9 +234,7 @@ def build_authorization(
     )
     user = username
     if challenge.userhash:  # RFC 7616 §3.4.4
-        user = _HASHES[challenge.algorithm.removesuffix("-SESS")](
-            f"{username}:{challenge.realm}".encode()
-        )
+        user = hash_hex(challenge.algorithm.removesuffix("-SESS"), f"{username}:{challenge.realm}")
     parts = [
         f"username={quote_string(user)}",
         f"realm={quote_string(challenge.realm)}",

@@ -133,7 +133,9 @@ def parse_uri(text: str) -> Uri:
         raise SipParseError(f"Whitespace in URI {text!r}")
     lowered = scheme.lower()
     if lowered not in ("sip", "sips"):
-        if not rest:
+        # <, > and " are no uric (RFC 3261 §25.1, absoluteURI): an addr-spec holding one
+        # was written back as a name-addr that does not parse (found by fuzzing).
+        if not rest or any(c in '<>"' or not c.isprintable() for c in rest):
             raise SipParseError(f"Bad URI {text!r}")
         return AbsoluteUri(scheme, rest)
     return _parse_sip_uri(lowered, rest, text)

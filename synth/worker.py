@@ -53,6 +53,10 @@ T = TypeVar("T")
 # A request delivered this many times without an ack is poison (it keeps killing workers).
 MAX_DELIVERIES = 3
 HEARTBEAT_S = 2.0
+# Claim rounds (a touch of the requests in flight, then XAUTOCLAIM) come at most this far apart,
+# and at least twice per claim_idle_ms: a dead worker's request is taken over within
+# claim_idle_ms plus this (its idle time starts at its last touch), not up to 1.5 x.
+CLAIM_ROUND_MAX_S = 0.25
 
 
 # Executor priority of background warm-up steps: below first chunks (0) and later ones (1).
@@ -390,7 +394,7 @@ class Worker:
                 await asyncio.wait_for(stop.wait(), wait)
 
     async def _claim_loop(self, stop: asyncio.Event) -> None:
-        period = max(0.05, self.claim_idle_ms / 2000)
+        period = max(0.05, min(CLAIM_ROUND_MAX_S, self.claim_idle_ms / 2000))
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period)

@@ -560,3 +560,91 @@ def decode(
         x = xs / dec.num_kernels
     x = F.leaky_relu(x) * mask
     return torch.tanh(dec.conv_post(x)).squeeze(1)
+
+
+def encode_batch(
+    net: Any,
+    phoneme_ids: Sequence[Sequence[int]],
+    noise_scale: float = 0.0,
+    length_scale: float = 1.0,
+    noise_w: float = 0.0,
+    duration_noise: Sequence[torch.Tensor] | None = None,
+    latent_noise: Sequence[Callable[[int], torch.Tensor]] | None = None,
+    speaker_id: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`encode` of several sentences as one padded batch (issue 16).
+
+    Item ``i`` gets ``duration_noise[i]`` ``[2, N_i]`` and ``latent_noise[i](frames)``
+    ``[C, frames]`` (called in item order once all durations are known). Every layer of the
+    text encoder, the duration predictor and the flow multiplies by its sequence mask, and the
+    attention fills masked scores with -1e4 (exp underflows to exactly 0), so item ``i`` sees
+    nothing of the others or of the padding: the same arithmetic as encoding it alone, up to
+    float summation order. Returns ``(z [C, T_i], durations [N_i])`` per item.
+    """
+    dev = torch.device(device)
+    lengths = [len(ids) for ids in phoneme_ids]
+    if not lengths or min(lengths) < 1:
+        raise ValueError("encode_batch: every sentence needs at least one phoneme id")
+    batch, n_max = len(lengths), max(lengths)
+    ids = torch.zeros(batch, n_max, dtype=torch.long)
+    for i, row in enumerate(phoneme_ids):
+        ids[i, : lengths[i]] = torch.tensor(list(row), dtype=torch.long)
+    ids = ids.to(dev)
+    x_lengths = torch.tensor(lengths, device=dev)
+    x, m_p, logs_p, x_mask = net.enc_p(ids, x_lengths)
+    g = speaker_embedding(net, speaker_id, dev)
+    if net.use_sdp:
+        noise = torch.zeros(batch, 2, n_max, dtype=x.dtype, device=dev)
+        if duration_noise is not None:
+            for i, n in enumerate(duration_noise):
+                noise[i, :, : lengths[i]] = n.to(dev, x.dtype)
+        logw = _sdp_reverse(net.dp, x, x_mask, g, noise * noise_w)
+    else:
+        logw = net.dp(x, x_mask, g=g)
+    w_ceil = torch.ceil(torch.exp(logw) * x_mask * length_scale)  # [B, 1, N]
+    frames = [int(max(1.0, float(f))) for f in w_ceil.sum(dim=(1, 2)).cpu()]
+    t_max = max(frames)
+    y_mask = (
+        torch.arange(t_max, device=dev)[None, :] < torch.tensor(frames, device=dev)[:, None]
+    ).to(x_mask.dtype)[:, None, :]  # [B, 1, T]
+    attn = _vits_models.commons.generate_path(w_ceil, x_mask.unsqueeze(2) * y_mask.unsqueeze(-1))
+    path = attn.squeeze(1)  # [B, T, N]
+    m_p = torch.matmul(path, m_p.transpose(1, 2)).transpose(1, 2)
+    z_p = m_p
+    if latent_noise is not None:
+        logs_p = torch.matmul(path, logs_p.transpose(1, 2)).transpose(1, 2)
+        noise_z = torch.zeros_like(m_p)
+        for i, draw in enumerate(latent_noise):
+            noise_z[i, :, : frames[i]] = draw(frames[i]).to(dev, m_p.dtype)
+        z_p = m_p + noise_z * torch.exp(logs_p) * noise_scale
+    z = net.flow(z_p, y_mask, g=g, reverse=True)
+    durations = w_ceil[:, 0, :].long()
+    return [(z[i, :, : frames[i]], durations[i, : lengths[i]]) for i in range(batch)]
+
+
+def decode_masked(
+    dec: Any, z: torch.Tensor, lengths: torch.Tensor, g: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`decode` with ``lengths`` as a device tensor ``[B]`` (int64): no host values, no
+    branch on the data, so the whole call can be captured in a CUDA graph and replayed for any
+    lengths. A row of length 0 is all padding (rows that fill a batch up to a captured size)."""
+    if g is not None and g.shape[0] != z.shape[0]:
+        g = g.expand(z.shape[0], -1, -1)
+    frames = torch.arange(z.shape[2], device=z.device)
+    mask = (frames[None, :] < lengths[:, None]).to(z.dtype).unsqueeze(1)  # [B, 1, T]
+    x = dec.conv_pre(z * mask)
+    if g is not None:
+        x = x + dec.cond(g)
+    for i, up in enumerate(dec.ups):
+        x = F.leaky_relu(x, _LRELU_SLOPE) * mask
+        x = up(x)
+        mask = mask.repeat_interleave(int(up.stride[0]), dim=2)
+        xs: torch.Tensor | None = None
+        for j in range(dec.num_kernels):
+            y = dec.resblocks[i * dec.num_kernels + j](x, mask)
+            xs = y if xs is None else xs + y
+        assert xs is not None
+        x = xs / dec.num_kernels
+    x = F.leaky_relu(x) * mask
+    return torch.tanh(dec.conv_post(x)).squeeze(1)

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from synth.engines import torch_vits  # noqa: E402
 from synth.engines.base import Engine  # noqa: E402
 from synth.engines.onnx_engine import OnnxEngine  # noqa: E402
-from synth.engines.torch_engine import DecodeBatcher, TorchBackend, TorchEngine  # noqa: E402
+from synth.engines.torch_engine import TorchBackend, TorchEngine, row_buckets  # noqa: E402
 from synth.engines.voice import DETERMINISTIC, Voice  # noqa: E402
 
 TEXT = "Thank you for calling. Your appointment is on Tuesday, at three thirty."
@@ -34,10 +34,11 @@ def voice() -> Voice:
 
 
 @pytest.fixture(scope="module")
-def backend(voice: Voice) -> TorchBackend:
+def backend(voice: Voice) -> Generator[TorchBackend, None, None]:
     # Batching is a CUDA default; switch it on explicitly to test it on the CPU.
-    b = TorchBackend(voice, "cpu", threads=2, batching=True, batch_window_s=2.0, max_batch=4)
-    return b
+    b = TorchBackend(voice, "cpu", threads=2, batching=True, window_ms=2000.0, max_batch=4)
+    yield b
+    b.close()
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def ids(voice: Voice) -> list[int]:
 
 def test_batched_decode_equals_individual_decodes(backend: TorchBackend, ids: list[int]) -> None:
     z = backend.encode(ids, DETERMINISTIC, np.random.default_rng(0)).z
+    # Mixed lengths in one batch: padded to the longest and masked.
     pieces = [z[:, :13], z[:, 5:35], z[:, 3:4], z[:, 20:]]
     assert len({p.shape[1] for p in pieces}) == 4
     with torch.inference_mode():
@@ -54,52 +56,39 @@ def test_batched_decode_equals_individual_decodes(backend: TorchBackend, ids: li
             torch_vits.decode(backend.net.dec, torch.from_numpy(p)[None]).reshape(-1).numpy()
             for p in pieces
         ]
-    assert backend.batcher is not None
-    for buckets in [(), (64,)]:  # padded to the longest, then up to a warmed bucket
-        backend.batcher.buckets = buckets
-        backend.batcher.batch_sizes.clear()
+    scheduler = backend.scheduler
+    assert scheduler is not None
+    scheduler.records.clear()
+    # No padding limit for this test: on a CPU the runner keeps batches to similar widths.
+    decode_runner = scheduler.runners["decode"]
+    scheduler.runners["decode"] = type(decode_runner)(decode_runner.run, decode_runner.units)
+    try:
         out: list[np.ndarray[Any, Any] | None] = [None] * len(pieces)
+        barrier = threading.Barrier(len(pieces))
 
         def run(i: int, out: list[np.ndarray[Any, Any] | None] = out) -> None:
-            out[i] = backend.decode(pieces[i])
+            with scheduler.step():
+                barrier.wait()
+                out[i] = backend.decode(pieces[i])
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(pieces))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        # All four arrived within the window: one batch of four.
-        assert backend.batcher.batch_sizes == [4]
-        for got, ref, p in zip(out, alone, pieces, strict=True):
-            assert got is not None and got.shape == (p.shape[1] * backend.hop_length,)
-            assert snr_db(ref, got) >= 60.0
-
-
-def test_batcher_does_not_wait_for_a_lone_caller() -> None:
-    calls: list[list[int]] = []
-
-    def run(z: torch.Tensor, frames: list[int]) -> torch.Tensor:
-        calls.append(frames)
-        return torch.ones(z.shape[0], z.shape[2] * 2)
-
-    batcher = DecodeBatcher(run, 2, window_s=10.0, max_batch=8, expected=lambda: 1)
-    try:
-        audio = batcher.decode(torch.zeros(3, 5))  # would hang for 10 s if it waited
-        assert audio.shape == (10,) and calls == [[5]]
     finally:
-        batcher.close()
+        scheduler.runners["decode"] = decode_runner
+    # All four were inside a step: one batch of four.
+    assert [r.size for r in scheduler.records if r.kind == "decode"] == [4]
+    for got, ref, p in zip(out, alone, pieces, strict=True):
+        assert got is not None and got.shape == (p.shape[1] * backend.hop_length,)
+        assert snr_db(ref, got) >= 100.0
 
 
-def test_batcher_hands_errors_to_the_caller() -> None:
-    def run(z: torch.Tensor, frames: list[int]) -> torch.Tensor:
-        raise RuntimeError("boom")
-
-    batcher = DecodeBatcher(run, 2, window_s=0.0)
-    try:
-        with pytest.raises(RuntimeError, match="boom"):
-            batcher.decode(torch.zeros(3, 5))
-    finally:
-        batcher.close()
+def test_row_buckets() -> None:
+    assert row_buckets(1) == (1,)
+    assert row_buckets(8) == (1, 2, 4, 8)
+    assert row_buckets(12) == (1, 2, 4, 8, 12)
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -118,7 +107,8 @@ def test_engine_interface(engine: TorchEngine) -> None:
     assert isinstance(engine, Engine)
     assert engine.name == "torch" and engine.sample_rate == 22050
     assert engine.voice == "en_US-joe-medium"
-    assert engine.torch_backend.batcher is None  # CPU default: no batching
+    assert engine.scheduler is None  # CPU default: no batching
+    assert engine.concurrent_steps is None
 
 
 def test_seeded_torch_engine_speaks_like_the_onnx_engine(engine: TorchEngine) -> None:
@@ -160,12 +150,14 @@ def test_warmup_covers_every_window_width(engine: TorchEngine) -> None:
     finally:
         del backend.decode
     assert set(engine.config.window_widths) <= set(seen)
-    # The CUDA-only batch warm-up also runs on the CPU when called directly.
-    backend.warm_batches([engine.config.window_widths[0]], 2)
+    # The CUDA-only batch warm-up also runs on the CPU when called directly (no graphs there).
+    assert backend.warm_batches([engine.config.window_widths[0]], 2) == 2
+    assert backend.graphs == 0
 
 
 def test_concurrent_streams_are_batched_and_unchanged(engine: TorchEngine) -> None:
-    batched = TorchEngine(threads=2, seed=5, batching=True, batch_window_ms=200.0, max_batch=4)
+    batched = TorchEngine(threads=2, seed=5, batching=True, window_ms=200.0, max_batch=4)
+    assert batched.concurrent_steps is not None and batched.concurrent_steps >= 4
     texts = [TEXT, LONG, "Goodbye.", "One moment, please, while I transfer you."]
     refs = [engine.synthesize(t) for t in texts]
     outs: list[np.ndarray[Any, Any] | None] = [None] * len(texts)
@@ -181,8 +173,8 @@ def test_concurrent_streams_are_batched_and_unchanged(engine: TorchEngine) -> No
         t.start()
     for t in threads:
         t.join()
-    batcher = batched.torch_backend.batcher
-    assert batcher is not None and max(batcher.batch_sizes) > 1
+    scheduler = batched.scheduler
+    assert scheduler is not None and max(r.size for r in scheduler.records) > 1
     for ref, got in zip(refs, outs, strict=True):
         assert got is not None and got.shape == ref.shape
         assert snr_db(ref, got) >= 60.0

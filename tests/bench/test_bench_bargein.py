@@ -70,6 +70,9 @@ def test_bench_bargein_quick_json() -> None:
     assert isinstance(e["false_bargeins"], int) and e["false_bargeins"] >= 0
     assert e["false_per_min"] == pytest.approx(e["false_bargeins"] / (e["echo_s"] / 60))
 
-    assert set(r["met"]) == {"decision_to_zero", "onset_to_zero", "false_bargeins_on_echo",
-                             "missed"}  # fmt: skip
+    # The caller-side figure: sent speech packet -> first silent packet back, at the client.
+    _pct(r["caller_onset_to_silent_packet_ms"])
+    assert r["caller_onset_to_silent_packet_ms"]["n"] <= m
+    assert set(r["met"]) == {"caller_onset_to_silence", "decision_to_zero", "onset_to_zero",
+                             "false_bargeins_on_echo", "missed"}  # fmt: skip
     assert all(isinstance(v, bool) for v in r["met"].values())

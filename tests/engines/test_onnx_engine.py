@@ -70,9 +70,12 @@ def test_split_halves_equal_the_full_model(backend: OnnxBackend) -> None:
         assert len(encoded.durations) == len(ids)
         audio = backend.decode(np.ascontiguousarray(z))
         assert audio.shape == reference.shape == (z.shape[1] * 256,)
-        # The decoder runs as its 2-D rewrite (decoder_as_2d): other kernels, another float
-        # summation order; 1e-5 is a third of a 16-bit step (measured: 1.7e-6).
-        assert np.max(np.abs(audio - reference)) <= 1e-5
+        # The flow and decoder run as their NCHWc rewrites (decoder_as_2d, polyphase
+        # ConvTranspose, folded MRF average): other kernels, another float summation order.
+        # Measured against the whole graph: 87 dB / 97 dB SNR, at most 4.2e-5 (1.4 16-bit
+        # steps); bound: 80 dB and 3 16-bit steps, far below anything a caller could hear.
+        assert snr_db(reference, audio) >= 80.0
+        assert np.max(np.abs(audio - reference)) <= 3 / 32768
 
 
 def test_windowed_flow_equals_whole(backend: OnnxBackend) -> None:

@@ -14,11 +14,12 @@ One run, in this order, against a gateway started as a subprocess (so its CPU ca
    statistics.
 
 Where the figures come from:
-- *ticker send-time error*: the gateway's ``MediaTicker.error`` histogram (``loop.time()`` at
-  each call's tick minus its schedule), plateau delta. ``voxgate serve`` has no endpoint for it,
-  so the gateway runs as ``python -m voxgate.bench.calls child STATS -- serve ...``: the same
-  command line through :func:`voxgate.cli.main`, with :class:`gateway.app.Gateway` subclassed
-  to dump its statistics to a file twice a second (read-only);
+- *ticker send-time error*: the gateway's ``MediaTicker.error`` histogram (``loop.time()``
+  just before each call's ``sendto`` minus its schedule), plateau delta. ``voxgate serve`` has
+  no endpoint for it, so the gateway runs as ``python -m voxgate.bench.calls child STATS --
+  serve ...``: the same command line through :func:`voxgate.cli.main`, with
+  :class:`gateway.app.Gateway` subclassed to dump its statistics to a file twice a second
+  (read-only);
 - *receive jitter*: |kernel arrival − (t0 + n·20 ms)| of every packet of the sample calls;
 - *underruns*: the gateway's per-call playout underruns (silence sent while an utterance was
   playing because synthesis was behind) and pacer skipped ticks (a stall: media time skipped);
@@ -73,7 +74,7 @@ TARGETS = {
     "calls": 100,
     "ticker_p99_ms": 2.0,
     "underruns": 0,
-    "cpu_per_call_pct": 0.5,
+    "cpu_per_call_pct": 0.30,  # issue 17: event-loop thread, 100 calls with barge-in on
     "greeting_p95_ms": 300.0,
 }
 STATS_PERIOD_S = 0.5

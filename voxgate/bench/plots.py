@@ -185,6 +185,38 @@ def cpu_curve(path: Path, points: Sequence[Mapping[str, Any]], target_pct: float
     return _save(fig, path)
 
 
+def cpu_curve_compare(
+    path: Path,
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    target_pct: float,
+    core_budget_pct: float | None = None,
+) -> Path:
+    """Event-loop CPU vs concurrent calls for several builds measured in the same session
+    (``series``: label → curve points as :func:`cpu_curve` takes them): the event loop's
+    total (left, with ``core_budget_pct`` as a line) and per call (right, ``target_pct``)."""
+    fig = _figure((SIZE[0], 3.6))
+    ax1, ax2 = fig.subplots(1, 2)
+    for label, points in series.items():
+        pts = sorted(points, key=lambda p: p["calls"])
+        for ax, key in ((ax1, "event_loop_pct"), (ax2, "per_call_event_loop_pct")):
+            xy = [(float(p["calls"]), float(p[key])) for p in pts if _ok(p.get(key))]
+            if xy:
+                ax.plot(*zip(*xy, strict=True), "o-", label=label)
+    if core_budget_pct is not None:
+        ax1.axhline(core_budget_pct, color="red", linestyle=":", label=f"{core_budget_pct:g} %")
+    ax2.axhline(target_pct, color="red", linestyle=":", label=f"target {target_pct:g} %")
+    ax1.set_title("event-loop CPU during the plateau", fontsize=9)
+    ax2.set_title("event-loop CPU per call (minus idle)", fontsize=9)
+    ax1.set_ylabel("% of one core")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("concurrent calls")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def frequency_response(
     path: Path,
     freqs_hz: Sequence[float],

@@ -412,10 +412,12 @@ class Worker:
                 continue
             health = self.bus.health
             since_outage = health.up_for(time.monotonic())
-            recent = since_outage is not None and since_outage * 1000 < self.claim_idle_ms
-            if not health.up or recent:
-                # Everyone's requests go idle while Redis is away: no claims during an outage,
-                # and their workers (back, touching them) get a full claim_idle_ms after it.
+            # Everyone's requests go idle while Redis is away (a restart from its RDB keeps the
+            # idle clocks running): no claims during an outage, nor after it until every live
+            # worker has found Redis back (its next attempt comes within the backoff cap of
+            # ours) and touched what it renders, then a full claim_idle_ms for the dead ones.
+            hold_s = self.claim_idle_ms / 1000 + health.cap_s
+            if not health.up or (since_outage is not None and since_outage < hold_s):
                 continue
             try:
                 claimed = await self.bus.claim_stale(self.name, self.claim_idle_ms, free)

@@ -110,3 +110,40 @@ async def test_with_unready_wait_an_invite_is_held_for_a_worker() -> None:
         finally:
             stop.set()
             client.close()
+
+
+async def test_a_gateway_shutting_down_refuses_new_calls_while_it_hangs_up() -> None:
+    # SIGTERM: while the calls up are being hung up, a dispatcher's OPTIONS probe and a new
+    # INVITE get 503, not a 200 from a gateway about to vanish (the Kamailio front's case).
+    async with gateway_without_worker() as (gw, bus):
+        addr = sip_addr(gw)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        worker = Worker(bus, ToneEngine(warmup_s=0.0), name="w")
+        attach_worker(gw, worker)
+        task = asyncio.create_task(worker.run(stop))
+        client = await SipClient.open("127.0.0.1")
+        try:
+            assert await gw.readiness.wait(10.0)
+            up = await client.invite(addr, codecs=("PCMU",))
+            assert up.status == 200 and len(gw.ua.legs) == 1
+            seen: list[tuple[int, str, str | None]] = []
+            leg = next(iter(gw.ua.legs))
+            hang_up = leg.hangup
+
+            async def probing_hangup(reason: str) -> None:
+                # The transport is still open here: what does a newcomer get?
+                probe = await loop.run_in_executor(None, options, addr)
+                seen.append((probe.status, probe.reason, probe.headers.get("Retry-After")))
+                late = await client.invite(addr, codecs=("PCMU",))
+                seen.append((late.status, "", None))
+                await hang_up(reason)
+
+            leg.hangup = probing_hangup  # type: ignore[method-assign]
+            await gw.ua.close()
+            assert seen == [(503, "Shutting Down", "5"), (503, "", None)], seen
+            assert not gw.ua.legs and not gw.manager.calls
+        finally:
+            stop.set()
+            await task
+            client.close()

@@ -296,6 +296,7 @@ class SipUA:
         self._tasks: set[asyncio.Task[None]] = set()
         # Ring this long (180 Ringing) before answering; a CANCEL in that window gets 487.
         self.answer_delay_s = cfg.answer_delay_ms / 1000
+        self.closing = False  # close() has begun: new INVITEs and OPTIONS get 503
 
     async def start(self) -> None:
         host, port = parse_hostport("gateway.sip_listen", self.cfg.sip_listen)
@@ -311,6 +312,11 @@ class SipUA:
         log.info("SIP listening on %s:%d (UDP and TCP)", host, self.transport.port)
 
     async def close(self) -> None:
+        # Shutting down (SIGTERM): from here every new INVITE and OPTIONS gets 503 (RFC 3261
+        # §21.5.4) while the calls up are hung up, so a dispatcher probing with OPTIONS, or a
+        # caller whose INVITE lands in these last moments, goes to another gateway instead of
+        # being answered by one that is about to vanish.
+        self.closing = True
         for leg in list(self.legs):
             with contextlib.suppress(Exception):
                 await leg.hangup("shutdown")
@@ -439,9 +445,13 @@ class SipUA:
             self._respond(tid, make_response(req, 405, headers=[("Allow", ALLOW)]))
 
     def _ready(self) -> bool:
-        return self.readiness is None or self.readiness.ready
+        return not self.closing and (self.readiness is None or self.readiness.ready)
 
     def _unready_response(self, req: Request) -> Response:
+        if self.closing:
+            return make_response(
+                req, 503, "Shutting Down", headers=[("Retry-After", str(RETRY_AFTER_S))]
+            )
         return make_response(
             req, 503, "No Synthesis Worker Ready",
             headers=[("Retry-After", str(RETRY_AFTER_UNREADY_S))],
@@ -456,7 +466,13 @@ class SipUA:
             # into silence.
             wait_s = self.cfg.unready_wait_ms / 1000
             readiness = self.readiness
-            if readiness is not None and wait_s > 0 and await readiness.wait(wait_s):
+            if (
+                not self.closing
+                and readiness is not None
+                and wait_s > 0
+                and await readiness.wait(wait_s)
+                and not self.closing
+            ):
                 await self._answer_invite(req, tid, addr)
                 return
             self._respond(tid, self._unready_response(req))

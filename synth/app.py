@@ -53,7 +53,18 @@ def graph_cache(cfg: Config) -> GraphCache | None:
 def build_engine(cfg: Config) -> Engine:
     s = cfg.synth
     cache = graph_cache(cfg) if s.engine == "onnx" else None
-    return load_engine(s.engine, s.voice, s.device, s.threads, cache=cache)
+    batching = {"on": True, "off": False}.get(s.batching)  # "auto": the engine's default
+    return load_engine(
+        s.engine,
+        s.voice,
+        s.device,
+        s.threads,
+        cache=cache,
+        batching=batching,
+        max_batch=s.batch_max,
+        budget_ms=s.batch_budget_ms,
+        precision=s.precision,
+    )
 
 
 def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Worker:

@@ -133,13 +133,11 @@ class TorchBackend:
         if precision not in PRECISIONS:
             raise EngineError(f"torch engine: precision {precision!r}; one of {list(PRECISIONS)}")
         batching = self.device.type == "cuda" if batching is None else batching
-        if self.device.type == "cpu":
-            # Process-wide in torch; the worker runs one engine per process. Batched, one thread
-            # runs every stream's model calls, so it gets the cores (threads 0/1: all of them).
-            if batching and threads <= 1:
-                torch.set_num_threads(os.cpu_count() or 1)
-            elif threads > 0:
-                torch.set_num_threads(threads)
+        if self.device.type == "cpu" and threads > 0:
+            # Process-wide in torch; the worker runs one engine per process. Batched too: more
+            # intra-op threads for the one batch thread would spin (OpenMP) on the cores the
+            # worker's threads need for the DSP between calls.
+            torch.set_num_threads(threads)
         net, arch, report = torch_vits.load_vits_from_onnx(voice.model)
         self.arch = arch
         self.mapping = report
@@ -469,7 +467,10 @@ class TorchEngine(StreamingEngine):
         return [*first, *rest, self._warm_batches], []
 
     def _warm_batches(self) -> None:
-        if self.scheduler is None:
+        # On the CPU there is nothing shape-specific to prepare (and 8 rows of the widest window
+        # take seconds there); on CUDA each new batch shape would otherwise pay kernel selection
+        # and allocator growth on a live call, or a graph capture.
+        if self.scheduler is None or self.torch_backend.device.type != "cuda":
             return
         shapes = self.torch_backend.warm_batches()
         log.info(

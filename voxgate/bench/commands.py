@@ -28,6 +28,29 @@ def register_bench(bench_sub: SubParsers) -> None:
     p.add_argument("--repeats", type=int, default=3, help="passes over the prompt set (default 3)")
     p.add_argument("--levels", default="1,2,4,8", help="concurrency levels (default 1,2,4,8)")
     p.add_argument("--profile", choices=("narrowband", "wideband"), default="narrowband")
+    p.add_argument(
+        "--streams", metavar="N,N,...", default="",
+        help="instead: N calls talking continuously per level (e.g. 1,2,4,8): TTFA, underruns, "
+        "RTF per stream, GPU memory/utilisation; streams sustained in real time",
+    )  # fmt: skip
+    p.add_argument(
+        "--modes",
+        default="batched,per-stream",
+        help="with --streams: batched and/or per-stream (same run, interleaved)",
+    )
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=12.0,
+        help="with --streams: seconds a level (default 12)",
+    )
+    p.add_argument("--plot", metavar="PNG", help="with --streams: the streams-vs-TTFA curve")
+    p.add_argument("--out", metavar="JSON", help="with --streams: also write the JSON here")
+    p.add_argument("--precision-check", action="store_true",
+                   help="with --streams, torch: fp16/bf16 decoder SNR vs fp32")  # fmt: skip
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="with --streams: start no level that would end past this many seconds "
+                   "from the command's start (levels left out are listed)")  # fmt: skip
     add_config_arguments(p, SYNTH_KEYS)
     p.set_defaults(func=cmd_bench_synth)
 
@@ -175,6 +198,12 @@ def cmd_bench_synth(args: argparse.Namespace) -> int:
 
     cfg = load_from_args(args)
     setup_logging(cfg.log.level, cfg.log.format)
+    if args.streams:
+        from voxgate.bench import synth_streams
+
+        streams = synth_streams.run_command(cfg, args)
+        print(main_json(streams) if args.json else synth_streams.format_report(streams))
+        return 0
     levels = tuple(int(x) for x in args.levels.split(",") if x.strip())
     engine = build_engine(cfg)
     result = asyncio.run(

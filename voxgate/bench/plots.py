@@ -317,3 +317,34 @@ def spectrogram_pair(
     if title:
         fig.suptitle(title, fontsize=9)
     return _save(fig, path)
+
+
+def streams_ttfa(
+    path: Path, modes: Mapping[str, Sequence[Mapping[str, Any]]], target_ms: float, title: str
+) -> Path:
+    """TTFA p50 (dashed) and p95 (solid) against concurrent streams, one colour per mode
+    (``voxgate bench synth --streams``), log-scaled streams, the p95 target as a line; levels
+    with underruns marked with a cross."""
+    fig = _figure()
+    ax = fig.subplots()
+    for i, (label, points) in enumerate(modes.items()):
+        pts = sorted(points, key=lambda p: p["streams"])
+        colour = f"C{i}"
+        for key, style in (("p95", "o-"), ("p50", "o--")):
+            xy = [(float(p["streams"]), float(p["ttfa_ms"][key])) for p in pts
+                  if _ok(p["ttfa_ms"].get(key))]  # fmt: skip
+            if xy:
+                ax.plot(*zip(*xy, strict=True), style, color=colour, label=f"{label} {key}")
+        bad = [(float(p["streams"]), float(p["ttfa_ms"]["p95"])) for p in pts
+               if p.get("underruns") and _ok(p["ttfa_ms"].get("p95"))]  # fmt: skip
+        if bad:
+            ax.plot(*zip(*bad, strict=True), "x", color="black", markersize=10)
+    ax.axhline(target_ms, color="red", linestyle=":", label=f"p95 target {target_ms:g} ms")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent streams (x: underruns)")
+    ax.set_ylabel("time to first audio, ms")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, path)

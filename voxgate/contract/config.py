@@ -86,9 +86,26 @@ class SynthConfig:
     # ~/.cache/voxgate/onnx; "off": split the voice's graph at every start (~3 s more). A
     # directory that cannot be created is a warning at start and no cache, not an error.
     graph_cache_dir: str = ""
+    # Batching across utterances (issue 16): every utterance's model calls run as one batch per
+    # step on one thread (synth.engines.batching). "auto": on for torch on cuda, off otherwise.
+    batching: str = "auto"
+    # Most calls in one batch (0: by device: 256 on cuda, 8 on a CPU).
+    batch_max: int = 0
+    # Latency budget of one batch in ms (-1: by device: 25 on cuda, none on a CPU; 0: none).
+    batch_budget_ms: float = -1.0
+    # The torch decoder's precision: fp32, fp16 or bf16 (the encoder stays fp32).
+    precision: str = "fp32"
 
     def validate(self) -> None:
         _choice("synth.engine", self.engine, ("onnx", "torch"))
+        _choice("synth.batching", self.batching, ("auto", "on", "off"))
+        _choice("synth.precision", self.precision, ("fp32", "fp16", "bf16"))
+        if self.engine == "onnx" and self.precision != "fp32":
+            raise ConfigError("synth.precision: the onnx engine runs fp32; use engine 'torch'")
+        if self.batch_max < 0:
+            raise ConfigError(f"synth.batch_max: must be >= 0, got {self.batch_max}")
+        if self.batch_budget_ms < -1:
+            raise ConfigError(f"synth.batch_budget_ms: -1, 0 or more, got {self.batch_budget_ms}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"synth.device: expected 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.engine == "onnx" and self.device != "cpu":

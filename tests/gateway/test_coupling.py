@@ -37,6 +37,24 @@ def test_idle_only_after_the_echo_tail_and_on_quiet_frames() -> None:
     assert not m.idle(N + tail, quiet)  # echo could still be on the line
     assert m.idle(N + tail + 1, quiet)
     assert not m.idle(N + tail + 1, np.full(N, QUIET_PEAK, np.int16))  # the caller is there
+    assert m.idle(N + tail + 1, -quiet)
+    assert not m.idle(N + tail + 1, np.full(N, -QUIET_PEAK, np.int16))
+    assert m.idle(N + tail + 1, np.zeros(0, np.int16))  # no samples: nothing to decide
+    # A lone full-scale negative sample is no quiet frame (abs(-32768) wraps in int16).
+    peak = np.zeros(N, np.int16)
+    peak[7] = -32768
+    assert not m.idle(N + tail + 1, peak)
+
+
+def test_idle_gate_equals_its_abs_peak_definition() -> None:
+    # The gate reads both extremes; the definition is max |x| < QUIET_PEAK over the frame.
+    m = MediaCoupling(RATE, keep_far=True)
+    rng = np.random.default_rng(5)
+    for scale in (1, 50, 150, 199, 200, 201, 400, 30000):
+        for _ in range(20):
+            pcm = np.clip(rng.normal(0, scale, N), -32768, 32767).astype(np.int16)
+            peak = int(np.max(np.abs(pcm.astype(np.int32))))
+            assert m.idle(10**6, pcm) == (peak < QUIET_PEAK)
 
 
 def test_without_a_detector_no_agent_frame_is_kept() -> None:

@@ -1148,6 +1148,14 @@ def add_fuzz_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=1_000_000, help="inputs per target (1,000,000)")
     p.add_argument("--timeout", type=int, default=10, help="seconds allowed per input (10)")
     p.add_argument("--max-len", type=int, default=None, help="longest input (per-target default)")
+    p.add_argument(
+        "--max-time",
+        type=int,
+        default=None,
+        metavar="S",
+        help="stop each target after S seconds of fuzzing even short of --runs "
+        "(libFuzzer -max_total_time); the inputs run are what is reported",
+    )
     p.add_argument("--keep", metavar="DIR", default=None, help="keep corpus, crashes, logs here")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--list", action="store_true", help="list the targets and exit")  # fmt: skip
@@ -1173,7 +1181,9 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     work = Path(args.keep or tempfile.mkdtemp(prefix="vg-fuzz-"))
     results: list[FuzzResult] = []
     for name in names:  # one at a time: each has the CPU to itself
-        r = run_target(name, args.runs, timeout_s=args.timeout, work=work, max_len=args.max_len)
+        extra = [f"-max_total_time={args.max_time}"] if args.max_time else None
+        r = run_target(name, args.runs, timeout_s=args.timeout, work=work, max_len=args.max_len,
+                       extra=extra)  # fmt: skip
         results.append(r)
         if not args.json:
             print(format_results([r]).splitlines()[-1] if not r.exit_code

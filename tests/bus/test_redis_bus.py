@@ -77,9 +77,19 @@ async def test_key_layout_and_ttls(raw_redis: Redis, started: list[RedisBus], pr
     assert 0 < await raw_redis.pttl(audio) <= 600_000
     await bus.drop_call("c1")
     assert not await raw_redis.exists(audio)
-    # A late chunk after hang-up re-creates the stream, but never without a TTL.
+    # A late chunk after hang-up (the worker's "cancelled" end, a chunk in flight) does not
+    # re-create the stream: the call's "gone" marker, living cancel_ttl_s, drops it.
+    gone = f"{prefix}:synth:gone:c1"
+    assert 0 < await raw_redis.pttl(gone) <= 30_000
     await bus.publish(chunk("c1", 1))
-    assert await raw_redis.pttl(audio) > 0
+    assert not await raw_redis.exists(audio)
+    # Subscribed again (a pipecat service restarted under the same call id), it is live again;
+    # its stream, as every stream, never exists without a TTL.
+    sub = await bus.subscribe("c1")
+    assert not await raw_redis.exists(gone)
+    await bus.publish(chunk("c1", 2))
+    assert 0 < await raw_redis.pttl(audio) <= 600_000
+    await sub.close()
     # Starting another bus on the same prefix is fine (BUSYGROUP is not an error).
     await new_bus(started, prefix)
 
@@ -312,3 +322,31 @@ async def test_audio_chunk_objects_survive_redis_byte_for_byte(
     sent = AudioChunk(call_id="c", utterance_id="ü-1", seq=0, rate=16000, data=data, offset=7)
     await bus.publish(sent)
     assert await sub.get(timeout=2) == sent
+
+
+def _socket_fds() -> int:
+    import os
+
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue
+    return n
+
+
+async def test_command_pool_is_bounded(started: list[RedisBus], prefix: str) -> None:
+    """A burst of commands waits for a connection instead of opening one each: redis-py's default
+    pool kept every connection a burst opened (the soak: 10 calls hung up at once left 13), and
+    the 101st command in flight failed with "Too many connections", taken for an outage."""
+    from voxgate.contract.bus.redis_bus import COMMAND_POOL_MAX
+
+    bus = await new_bus(started, prefix, cancel_ttl_s=5.0)
+    before = _socket_fds()
+    await asyncio.gather(*(bus.cancel(f"utt-{i}") for i in range(200)))
+    opened = _socket_fds() - before
+    # More than one: the burst really ran concurrently; at most the bound, not 200.
+    assert 1 < opened <= COMMAND_POOL_MAX
+    # ... and the 200 all went through.
+    assert all([await bus.is_cancelled(f"utt-{i}") for i in range(200)])

@@ -23,9 +23,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -42,6 +43,24 @@ from voxgate.contract.bus.schema import AudioMessage, SchemaError, SpeakRequest,
 log = logging.getLogger("voxgate.contract.bus.redis")
 
 GROUP = "synth"
+# The command connection pool's size: commands in flight at once beyond it wait (at most
+# call_timeout_s) for a connection. Redis answers in well under a millisecond, so 16 serve
+# hundreds of calls; redis-py's default pool kept a burst's connections open for good and
+# failed the 101st command in flight as if Redis were down (see _client_for).
+COMMAND_POOL_MAX = 16
+# A worker's message for a call the gateway has dropped (the UtteranceEnd "cancelled" it sends
+# on seeing the cancel, a chunk that was in flight at the hang-up) would re-create the call's
+# audio stream, and the stream would then stay audio_ttl_s (600 s) with nobody reading it
+# (`voxgate bench soak`: one such stream after a settle of 60 s). drop_call leaves a "gone"
+# marker living cancel_ttl_s; this script writes nothing while it exists, atomically, so no
+# late write slips between a check and the XADD. KEYS: stream, gone marker; ARGV: maxlen,
+# ttl ms, then field, value pairs.
+_PUBLISH_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
 StreamId = tuple[int, int]
 _ZERO: StreamId = (0, 0)
 
@@ -122,6 +141,7 @@ class RedisBus(Bus):
         self.reader_name = re.sub(r"\s", "_", f"{prefix}:synth:reader:{uuid.uuid4().hex[:8]}")
         self._r: Redis | None = None
         self._reader_r: Redis | None = None
+        self._publish_script: AsyncScript | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._tails: dict[str, _Tail] = {}
         self._closed = False
@@ -136,14 +156,30 @@ class RedisBus(Bus):
     def cancel_key(self, utterance_id: str) -> str:
         return f"{self.prefix}:synth:cancel:{utterance_id}"
 
+    def gone_key(self, call_id: str) -> str:
+        return f"{self.prefix}:synth:gone:{call_id}"
+
     def worker_key(self, worker: str) -> str:
         return f"{self.prefix}:synth:worker:{worker}"
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _client_for(self, *, name: str | None, socket_timeout: float) -> Redis:
+    def _client_for(
+        self, *, name: str | None, socket_timeout: float, pool_max: int | None = None
+    ) -> Redis:
+        # pool_max: a bounded pool that waits (up to call_timeout_s) for a free connection.
+        # redis-py's default pool opens one connection per command in flight, keeps every one
+        # it ever opened (in `voxgate bench soak`, 10 calls hung up at once left 13 idle
+        # connections open for the rest of the gateway's life), and past 100 in flight raises
+        # MaxConnectionsError, a ConnectionError: read as "lost Redis", a false outage.
+        pool_cls: type[ConnectionPool] = ConnectionPool
+        bounded: dict[str, Any] = {}
+        if pool_max is not None:
+            pool_cls = BlockingConnectionPool
+            bounded = {"max_connections": pool_max, "timeout": self._call_timeout_s}
         try:
-            return Redis.from_url(
+            pool = pool_cls.from_url(
                 self.url,
+                **bounded,
                 protocol=2,  # reply shapes below are the RESP2 ones
                 socket_timeout=socket_timeout,
                 socket_connect_timeout=2.0,
@@ -155,6 +191,9 @@ class RedisBus(Bus):
             )
         except ValueError as exc:
             raise BusError(f"bad Redis URL {self._safe_url}: {exc}") from exc
+        r = Redis(connection_pool=pool)
+        r.auto_close_connection_pool = True  # aclose() closes the pool, as from_url's client
+        return r
 
     @property
     def _redis(self) -> Redis:
@@ -211,7 +250,9 @@ class RedisBus(Bus):
             raise BusError("RedisBus is closed")
         if self._r is not None:
             return
-        r = self._client_for(name=None, socket_timeout=self._socket_timeout)
+        r = self._client_for(
+            name=None, socket_timeout=self._socket_timeout, pool_max=COMMAND_POOL_MAX
+        )
         try:
             await r.ping()
             await self._ensure_group(r)
@@ -219,6 +260,8 @@ class RedisBus(Bus):
             await r.aclose()
             raise BusError(f"cannot reach Redis at {self._safe_url}: {exc}") from exc
         self._r = r
+        # EVALSHA, loaded again by redis-py on NOSCRIPT (a Redis restarted empty).
+        self._publish_script = r.register_script(_PUBLISH_LUA)
         # The reader's blocking XREAD needs its own connection; its socket timeout sits above the
         # BLOCK time so only a genuinely dead connection times out.
         self._reader_r = self._client_for(
@@ -309,7 +352,12 @@ class RedisBus(Bus):
             # Pin the start at the stream's current last entry now, not "$" at the reader's next
             # XREAD: "$" would lose whatever is published between this call and that XREAD.
             # No stream yet: from 0-0, so the XADD that creates it is delivered.
-            last = await self._redis.xrevrange(key, "+", "-", count=1)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                # A call id subscribed again (a pipecat service restarted under its id) is live
+                # again: its audio must not be dropped as a dropped call's.
+                pipe.delete(self.gone_key(call_id))
+                pipe.xrevrange(key, "+", "-", count=1)
+                _, last = await pipe.execute()
         start = parse_id(last[0][0]) if last and last[0][0] is not None else _ZERO
         if self._closed:  # closed while we waited for XREVRANGE
             raise BusError("RedisBus is closed")
@@ -346,7 +394,11 @@ class RedisBus(Bus):
 
     async def drop_call(self, call_id: str) -> None:
         with self._errors("drop_call"):
-            await self._redis.delete(self.audio_stream(call_id))
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self.audio_stream(call_id))
+                # Late messages of the call are dropped until it expires (_PUBLISH_LUA).
+                pipe.set(self.gone_key(call_id), b"1", px=self._cancel_ttl_ms)
+                await pipe.execute()
 
     async def ready_workers(self) -> list[dict[str, object]]:
         pattern = _glob_escape(self.worker_key("")) + "*"
@@ -460,19 +512,16 @@ class RedisBus(Bus):
     async def publish(self, message: AudioMessage) -> None:
         fields = encode_audio(message)  # SchemaError for what no reader would accept
         key = self.audio_stream(message.call_id)
+        args: list[bytes | int] = [self._audio_maxlen, self._audio_ttl_ms]
+        for name, value in fields.items():
+            args += [name.encode() if isinstance(name, str) else name, value]
         with self._errors("publish"):
-            # MULTI/EXEC: a stream re-created by a late chunk after drop_call always gets its
-            # TTL too, so a crashed or forgetful gateway cannot leak it. The TTL is refreshed on
-            # every chunk, so it only runs out ``audio_ttl_s`` after the call's last audio.
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(
-                    key,
-                    fields,  # type: ignore[arg-type]
-                    maxlen=self._audio_maxlen,
-                    approximate=True,
-                )
-                pipe.pexpire(key, self._audio_ttl_ms)
-                await pipe.execute()
+            # One script, atomic: nothing for a dropped call (its "gone" marker), and the XADD
+            # always with its TTL, so a crashed or forgetful gateway cannot leak the stream. The
+            # TTL is refreshed on every chunk: it runs out ``audio_ttl_s`` after the last audio.
+            if self._publish_script is None or self._r is None:
+                raise BusError("RedisBus is not started (or already closed)")
+            await self._publish_script(keys=[key, self.gone_key(message.call_id)], args=args)
 
     async def heartbeat(self, worker: str, info: dict[str, object], ttl_s: float) -> None:
         payload = json.dumps({"worker": worker, **info})

@@ -14,6 +14,7 @@ from voxgate.bench.options import (
     add_bargein_arguments,
     add_bridge_arguments,
     add_calls_arguments,
+    add_soak_arguments,
     add_webrtc_arguments,
 )
 from voxgate.contract.config import SYNTH_KEYS, SubParsers, add_config_arguments, load_from_args
@@ -100,6 +101,14 @@ def register_bench(bench_sub: SubParsers) -> None:
     add_bridge_arguments(br)
     br.set_defaults(func=cmd_bench_bridge)
 
+    so = bench_sub.add_parser(
+        "soak",
+        help="calls renewed for many minutes against gateway + worker processes over Redis: "
+        "RSS, fds, tasks, Redis keys per minute; flat after warm-up, nothing left behind",
+    )
+    add_soak_arguments(so)
+    so.set_defaults(func=cmd_bench_soak)
+
     # Call-center numbers: each module parses its own options (--help there).
     for name, doc in (
         ("flow", "call flows over real SIP: key → next prompt's first audio, webhook round trip"),
@@ -147,6 +156,12 @@ def cmd_bench_bargein(args: argparse.Namespace) -> int:
 
 def cmd_bench_webrtc(args: argparse.Namespace) -> int:
     from voxgate.bench.webrtc import cmd_bench_webrtc as run
+
+    return run(args)
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from voxgate.bench.soak import cmd_bench_soak as run
 
     return run(args)
 

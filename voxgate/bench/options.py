@@ -124,3 +124,37 @@ def add_bridge_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--keep-dir")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+
+
+def add_soak_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``voxgate bench soak`` (calls renewed for minutes; leaks and leftovers)."""
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--minutes", type=float, default=30.0, help="how long calls run (default 30)")
+    p.add_argument("--calls", type=int, default=50, help="calls up at once (default 50)")
+    p.add_argument(
+        "--life", default="20-60", metavar="MIN-MAX",
+        help="each call lives a uniform random MIN-MAX seconds (default 20-60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sample-s", type=float, default=60.0, help="seconds between samples (default 60)"
+    )
+    p.add_argument(
+        "--redis", metavar="URL", default=None,
+        help="use this Redis (under a private key prefix) instead of a private redis-server",
+    )  # fmt: skip
+    p.add_argument(
+        "--cancel-ttl-s", type=float, default=30.0,
+        help="bus.cancel_ttl_s of the gateway and worker: how long cancel markers live (30)",
+    )  # fmt: skip
+    p.add_argument(
+        "--settle-s", type=float, default=90.0,
+        help="after the last call, wait at most this long for everything to be released (90)",
+    )  # fmt: skip
+    p.add_argument(
+        "--warmup-calls", type=int, default=1000,
+        help="judge flatness only after this many calls ended (default 1000: ended calls are "
+        "freed by a full collection, the first one some 500-700 calls in)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=1, help="the callers' choices (default 1)")
+    p.add_argument("--engine", default="onnx", choices=("onnx", "torch"))
+    p.add_argument("--keep", metavar="DIR", default=None, help="keep logs in DIR")

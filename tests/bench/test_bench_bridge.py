@@ -16,6 +16,7 @@ from voxgate.bench.bridge import (
     AUDIBLE,
     RATE,
     SPF,
+    bargein_trial,
     burst_arrivals,
     distinct,
     silence_after,
@@ -48,6 +49,20 @@ def test_a_burst_is_found_once_in_the_packet_that_starts_it() -> None:
     pk = _packets([quiet, half, rest, quiet, quiet, tone(SPF), quiet])
     assert burst_arrivals(pk, 0.0) == pytest.approx([100.02, 100.10])
     assert burst_arrivals(pk, 100.05) == pytest.approx([100.10])
+
+
+def test_a_barge_in_trial_is_measured_only_where_the_bot_was_talking() -> None:
+    # Silent 20 ms after the decision: measured, split at the decision.
+    t = bargein_trial(10.0, 10.4, 10.42)
+    assert t == pytest.approx(
+        {"total_ms": 420.0, "onset_to_decision_ms": 400.0, "decision_to_silence_ms": 20.0}
+    )
+    # A pause between words just before the decision is still the interruption.
+    assert "total_ms" in bargein_trial(10.0, 10.4, 10.3)
+    # Silent half a second before its VAD decided: a gap in the bot's own speech, not a cut.
+    assert bargein_trial(10.0, 10.5, 10.06) == {"bot_gap": 1.0}
+    assert bargein_trial(10.0, None, None) == {"missed": 1.0}
+    assert bargein_trial(10.0, 10.4, None) == {"missed": 1.0}
 
 
 def test_interruption_frames_seen_twice_count_once() -> None:

@@ -51,6 +51,14 @@ def test_bench_calls_quick_json() -> None:
     _pct(ticker)
     assert ticker["n"] > 100  # 6 calls x 50 packets/s over the plateau
     assert ticker["p50"] < 20.0  # sane: well within one packet time
+    # Stall attribution: the collector's pauses and the loop thread's wait for a CPU.
+    gcp = r["pacing"]["gc_pauses"]
+    assert len(gcp["collections_by_generation"]) == 3
+    assert all(n >= 0 for n in gcp["collections_by_generation"])
+    assert 0.0 <= gcp["max_ms"] < 10_000
+    sched = r["pacing"]["event_loop_sched"]
+    assert 0.0 < sched["on_cpu_pct"] <= 101.0  # it ran: the calls were paced
+    assert sched["runqueue_wait_pct"] >= 0.0
     jitter = r["pacing"]["receive_jitter_ms"]
     _pct(jitter)
     assert jitter["n"] > 100 and jitter["p50"] < 20.0

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -78,6 +79,8 @@ TARGETS = {
     "greeting_p95_ms": 300.0,
 }
 STATS_PERIOD_S = 0.5
+GC_LONG_MS = 1.0  # collections at least this long are kept one by one (with their time)
+GC_LONG_CAP = 2000
 SAMPLES_CAP = 5000  # raw pacing samples kept in the JSON (quantile-decimated beyond this)
 
 # A uac that offers PCMU + telephone-event on sipp's echo port, holds for -d ms, then BYE.
@@ -207,6 +210,8 @@ async def _dump_stats(gw: Any, path: Path) -> None:
                 first_audio[ev.call_id] = ev.ts
 
     watcher = asyncio.create_task(watch())
+    gc_rec = GcRecorder()
+    gc.callbacks.append(gc_rec.callback)
     tmp = path.with_suffix(".tmp")
     try:
         while True:
@@ -244,13 +249,95 @@ async def _dump_stats(gw: Any, path: Path) -> None:
                     "scheduled": len(gw.ticker),
                 },
                 "calls": per_call,
+                "gc": gc_rec.snapshot(),
             }
             tmp.write_text(json.dumps(doc))
             tmp.replace(path)
             await asyncio.sleep(STATS_PERIOD_S)
     finally:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(gc_rec.callback)
         watcher.cancel()
         await sub.aclose()
+
+
+class GcRecorder:
+    """The collector's pauses on the gateway's event-loop thread (``gc.callbacks``): count and
+    total per generation, and each pause of at least ``GC_LONG_MS`` with its wall time, so the
+    benchmark can tell a stall of the media ticker that a collection caused from one it did not
+    (preemption: see ``runqueue_wait``)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.total_ms = [0.0, 0.0, 0.0]
+        self.long: list[tuple[float, int, float]] = []  # (wall time at its end, generation, ms)
+        self._t0: float | None = None
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        if self._t0 is None:
+            return
+        ms = (time.perf_counter() - self._t0) * 1000.0
+        self._t0 = None
+        gen = int(info.get("generation", 2))
+        self.count[gen] += 1
+        self.total_ms[gen] += ms
+        if ms >= GC_LONG_MS and len(self.long) < GC_LONG_CAP:
+            self.long.append((time.time(), gen, ms))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"count": list(self.count), "total_ms": list(self.total_ms), "long": list(self.long)}
+
+
+def gc_window(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
+    """The collector's pauses between two stats dumps (``a`` None: since the start)."""
+    ga, gb = (a or {}).get("gc"), (b or {}).get("gc")
+    if not gb:
+        return {}
+    t_a = (a or {}).get("time", -math.inf) if ga else -math.inf
+    t_b = b.get("time", math.inf) if b else math.inf
+    count_a = ga["count"] if ga else [0, 0, 0]
+    total_a = ga["total_ms"] if ga else [0.0, 0.0, 0.0]
+    long = [ms for t, _, ms in gb["long"] if t_a < t <= t_b]
+    return {
+        "collections_by_generation": [
+            int(x - y) for x, y in zip(gb["count"], count_a, strict=True)
+        ],
+        "total_ms_by_generation": [
+            round(x - y, 3) for x, y in zip(gb["total_ms"], total_a, strict=True)
+        ],
+        "max_ms": max(long, default=0.0),
+        f"pauses_ge_{GC_LONG_MS:g}_ms": len(long),
+        "pauses_ge_20_ms": sum(1 for ms in long if ms >= 20.0),
+        "source": "gc.callbacks in the gateway process, plateau (between the stats dumps)",
+    }
+
+
+def runqueue_wait(pid: int) -> tuple[float, int, int] | None:
+    """(monotonic time, ns on a CPU, ns runnable but waiting for one) of ``pid``'s main thread
+    (the event loop) from ``/proc/PID/task/PID/schedstat``; None where the kernel has none."""
+    try:
+        run, wait, _ = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:3]
+    except (OSError, ValueError):
+        return None
+    return time.monotonic(), int(run), int(wait)
+
+
+def runqueue_between(
+    a: tuple[float, int, int] | None, b: tuple[float, int, int] | None
+) -> dict[str, Any]:
+    """% of the interval the event-loop thread ran, and waited runnable (preempted or not yet
+    scheduled: time its timers fired late for a reason that is not its own work)."""
+    if a is None or b is None or b[0] <= a[0]:
+        return {}
+    dt = (b[0] - a[0]) * 1e9
+    return {
+        "on_cpu_pct": 100.0 * (b[1] - a[1]) / dt,
+        "runqueue_wait_pct": 100.0 * (b[2] - a[2]) / dt,
+        "source": "/proc/PID/task/PID/schedstat of the event-loop thread, plateau",
+    }
 
 
 # --- the benchmark's side ----------------------------------------------------------------------
@@ -476,6 +563,7 @@ async def _load_phase(
             sipp_a = cpu_sample(sipp.pid)
     sys_a = system_busy()
     cpu_a = cpu_sample(gw.pid)
+    sched_a = runqueue_wait(gw.pid)
     others_a = {name: cpu_sample(pid) for name, pid in other_pids.items()}
     stats_a = read_stats(stats_path)
     while time.monotonic() < plateau_end - 0.25:
@@ -485,6 +573,7 @@ async def _load_phase(
         await asyncio.sleep(min(0.5, max(0.0, plateau_end - time.monotonic())))
     await asyncio.sleep(max(0.0, plateau_end - time.monotonic()))
     cpu_b = cpu_sample(gw.pid)
+    sched_b = runqueue_wait(gw.pid)
     sys_b = system_busy()
     others = {
         name: cpu_between(pid, others_a[name], cpu_sample(pid)) for name, pid in other_pids.items()
@@ -509,6 +598,7 @@ async def _load_phase(
         "n_sipp": n_sipp,
         "held": held,
         "cpu": cpu_between(gw.pid, cpu_a, cpu_b),
+        "sched": runqueue_between(sched_a, sched_b),
         "cpu_others": others,
         "system_busy_pct": 100.0 * (sys_b[0] - sys_a[0]) / max(sys_b[1] - sys_a[1], 1),
         "t0_wall": t0_wall,
@@ -647,6 +737,10 @@ def _report(
             },
             "ticker_batch_max_ms": stats_b.get("ticker", {}).get("batch_max_ms"),
             "skipped_ticks_total": sum(skipped),
+            # What a stall of the ticker can come from besides its own work: the collector
+            # (its pauses on the loop thread) and the scheduler (the thread runnable, waiting).
+            "gc_pauses": gc_window(load["stats_a"], stats_b),
+            "event_loop_sched": load.get("sched", {}),
         },
         "underruns": {
             "playout_underrun_frames_total": sum(underruns),
@@ -765,7 +859,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"{p['skipped_ticks_total']} skipped ticks (pacing stalls); receiver: "
         f"{u['receiver_seq_gaps']} seq gaps, {u['receiver_skipped_frames']} skipped frames"
         f"   [{mark('underruns')}]",
-        f"  ticker longest wake-up: {fmt(p['ticker_batch_max_ms'], '.2f')} ms",
+        f"  ticker longest wake-up: {fmt(p['ticker_batch_max_ms'], '.2f')} ms; collector pauses "
+        f"max {fmt(p['gc_pauses'].get('max_ms'), '.1f')} ms, "
+        f"{p['gc_pauses'].get('pauses_ge_20_ms', '-')} of 20 ms or more; event loop runnable but "
+        f"waiting {fmt(p['event_loop_sched'].get('runqueue_wait_pct'))} % of the plateau",
         f"  CPU (% of one core): idle {fmt(cpu['idle'].get('process_pct'))}, plateau "
         f"{fmt(cpu['plateau'].get('process_pct'))} (event loop "
         f"{fmt(cpu['plateau'].get('event_loop_thread_pct'))}, other threads "

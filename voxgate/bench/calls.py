@@ -626,10 +626,13 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         "--sip-listen", f"127.0.0.1:{sip_port}", "--http-listen", f"127.0.0.1:{http_port}",
         "--gateway-max-calls", str(opts.calls + 50),
         "--gateway-rtp-port-min", "20000", "--gateway-rtp-port-max", "29999",
-        "--ivr-idle-timeout-s", "0", "--log-level", "warning", "--engine", opts.engine,
+        "--ivr-idle-timeout-s", "0", "--log-level", "warning",
     ]  # fmt: skip
+    # Synthesis options: for `voxgate serve` (its embedded worker); with --redis they go to the
+    # worker process only (`voxgate gateway` has no synthesis and refuses them).
+    synth = ["--engine", opts.engine]
     if opts.concurrency:
-        common += ["--concurrency", str(opts.concurrency)]
+        synth += ["--concurrency", str(opts.concurrency)]
     if opts.greeting:
         common += ["--ivr-greeting", opts.greeting]
     env = dict(os.environ)
@@ -641,13 +644,12 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
         gw = Proc([*child, "gateway", *common, *bus, *opts.extra_args], work / "gateway.log", env)
         nice = ["nice", "-n", str(opts.worker_nice)] if opts.worker_nice else []
         worker = Proc(
-            [*nice, sys.executable, "-m", "voxgate.cli", "worker", *bus, "--engine", opts.engine,
-             "--log-level", "warning",
-             *(["--concurrency", str(opts.concurrency)] if opts.concurrency else [])],
+            [*nice, sys.executable, "-m", "voxgate.cli", "worker", *bus, *synth,
+             "--log-level", "warning"],
             work / "worker.log", env,
         )  # fmt: skip
     else:
-        gw = Proc([*child, "serve", *common, *opts.extra_args], work / "gateway.log", env)
+        gw = Proc([*child, "serve", *common, *synth, *opts.extra_args], work / "gateway.log", env)
     try:
         t_start = time.monotonic()
         wait_ready(http, gw)

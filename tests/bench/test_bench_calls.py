@@ -79,3 +79,24 @@ def test_bench_calls_quick_json() -> None:
     assert cpu["idle"]["process_pct"] >= 0
     assert isinstance(cpu["per_call_pct_core"], float)
     assert set(r["pass"]) == {"calls", "ticker_p99", "underruns", "cpu_per_call", "greeting_p95"}
+
+
+@pytest.mark.redis
+@pytest.mark.timeout(150)
+def test_bench_calls_quick_redis_json() -> None:
+    """``--redis``: ``voxgate gateway`` and a ``voxgate worker`` process over Redis (the gateway
+    takes no synthesis options); the figures are the gateway process's alone."""
+    from tests.conftest import REDIS_URL
+
+    out = subprocess.run(
+        [*COMMAND, "--quick", "--json", "--redis", REDIS_URL],
+        capture_output=True, text=True, timeout=140,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    assert r["conditions"]["mode"].startswith("voxgate gateway + voxgate worker")
+    assert r["calls"]["held_during_plateau"]["max"] == 6
+    assert r["calls"]["sipp"]["failed"] == 0
+    assert r["greeting"]["under_load_first_audio_ms"]["never"] == 0  # the worker spoke
+    assert "worker" in r["cpu"]["other_processes"]
+    assert r["pacing"]["ticker_send_error_ms"]["n"] > 100

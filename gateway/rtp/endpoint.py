@@ -23,6 +23,7 @@ import logging
 import math
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -232,10 +233,13 @@ class MediaTicker:
     reference the batched path is tested and measured against).  Either way one call that
     raises is logged and the others are paced as usual.
 
-    ``error`` (a :class:`SendTimeStats`) holds the send-time error of every packet:
-    ``loop.time()`` just before the call's ``sendto`` (batched; per call: before its tick)
-    minus its schedule.  ``batch_max_s`` is the longest wake-up (all due calls' work
-    together).
+    ``error`` (a :class:`SendTimeStats`) holds the send-time error of every packet: the time
+    just before the call's ``sendto`` (batched; per call: before its tick) minus its schedule.
+    ``batch_max_s`` is the longest wake-up (all due calls' work together).  Both are read from
+    :attr:`clock`: ``time.monotonic`` where the loop's clock is on that base (asyncio's own loop;
+    uvloop, whose ``loop.time()`` is libuv's ``uv_now``, CLOCK_MONOTONIC truncated to whole
+    milliseconds, which would report an error of 0.0-0.99 ms as 0 and 2.0-2.99 ms as 2),
+    else the loop's ``time`` (a simulated loop).  Scheduling itself stays on ``loop.time()``.
     """
 
     def __init__(
@@ -254,6 +258,13 @@ class MediaTicker:
         self._batch = OutboundBatch()
         self.batch_max_s = 0.0
         self.failures = 0  # calls whose tick raised (logged)
+        self.clock: Callable[[], float] | None = None  # set from the loop at the first add
+
+    def _precise_clock(self, loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+        # The same base within uvloop's millisecond truncation (and the call's own gap).
+        if abs(loop.time() - time.monotonic()) < 0.005:
+            return time.monotonic
+        return loop.time
 
     @property
     def error(self) -> Any:
@@ -269,6 +280,8 @@ class MediaTicker:
     def add(self, endpoint: RtpEndpoint) -> float:
         """Start pacing ``endpoint`` from the next grid point; returns its start time."""
         loop = self._loop = asyncio.get_running_loop()
+        if self.clock is None:
+            self.clock = self._precise_clock(loop)
         at = self._ticker.add(endpoint, loop.time())
         self._arm()
         return at
@@ -295,6 +308,8 @@ class MediaTicker:
         self._armed_at = None
         assert self._loop is not None
         now = self._loop.time()
+        clock = self.clock or self._loop.time
+        started = clock()
         items = self._ticker.pop_due(now)
         try:
             if self.batched:
@@ -303,19 +318,20 @@ class MediaTicker:
                 self._tick_each(items)
         finally:
             self._ticker.reschedule(items)
-            self.batch_max_s = max(self.batch_max_s, self._loop.time() - now)
+            self.batch_max_s = max(self.batch_max_s, clock() - started)
             self._arm()
 
     def _tick_each(self, items: list[RtpEndpoint]) -> None:
         assert self._loop is not None
-        clock = self._loop.time
+        loop_time = self._loop.time
+        clock = self.clock or loop_time
         ticker = self._ticker
         errors: list[float] = []
         for ep in items:
             if not ticker.is_member(ep):
                 continue  # removed by an earlier call's tick
-            t = clock()
-            errors.append(t - ep.next_due)
+            t = loop_time()
+            errors.append(clock() - ep.next_due)
             try:
                 ep.tick(t)
             except Exception:
@@ -339,7 +355,7 @@ class MediaTicker:
             self.failures += 1
             log.error("media tick failed on port %d", eps[i].local_port, exc_info=exc)
         scheduled = batch.scheduled
-        clock = self._loop.time
+        clock = self.clock or self._loop.time
         errors: list[float] = []
         # The packets first, back to back: a call's send time does not wait for the other
         # calls' inbound work.

@@ -663,6 +663,19 @@ def _start_redis(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the private redis-server did not start")
 
 
+def _drop_prefix(redis_url: str, prefix: str) -> None:
+    import redis
+
+    with contextlib.suppress(redis.RedisError, OSError):
+        r = redis.Redis.from_url(redis_url)
+        try:
+            keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
+            if keys:
+                r.delete(*keys)
+        finally:
+            r.close()
+
+
 def _row(s: Sample, header: bool = False) -> str:
     if header:
         return (
@@ -751,10 +764,6 @@ async def _soak(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await watcher
-        with contextlib.suppress(Exception):
-            keys = [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]
-            if keys:
-                await r.delete(*keys)
         await r.aclose()
     warmup_s = max(duration / 3.0, opts.sample_s)
     return {
@@ -850,7 +859,12 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
     finally:
         rc = gw.stop() if gw is not None else None
         wrc = worker.stop()
-        if redis_proc is not None:
+        if redis_proc is None:
+            # A Redis of the user's: the run's keys go, once the processes are stopped (deleted
+            # while the worker still ran, its request stream and group came back under the
+            # prefix).
+            _drop_prefix(redis_url, prefix)
+        else:
             redis_proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 redis_proc.wait(10)

@@ -43,9 +43,12 @@ Verdicts at the end:
   RtpSession, jitter buffer, pacer, playout, detector: ~110 objects, ~70-90 KiB of RSS with
   their buffers) form reference cycles (``Call.leg`` -> ``SipLeg`` -> ``RtpEndpoint`` ->
   ``Call.on_caller_packet``...), so only a full (generation 2) collection frees them, and the
-  first one after the gateway's ``gc.freeze()`` comes some 500-700 ended calls in (measured:
-  RSS rose 7 MiB/min for 6.5 min, 510 calls, then stayed level to the MiB). Until then RSS
-  climbs by the dead calls; after it, their memory is reused. A run too short to get there
+  first one after the gateway's ``gc.freeze()`` comes hundreds of ended calls in; and the
+  gateway keeps the records of its last 500 ended calls (``ENDED_RECORDS``, with their
+  transcripts). Measured in the 30-minute run with 50 calls (docs/bench-report/soak.md): RSS
+  rose ~15 MiB/min for 6 min (418 calls ended), stepped once more at minutes 11-12 (783-865
+  calls), then stayed within 1.8 MiB to minute 30 (2217 calls). Until then RSS climbs by the
+  dead calls; after it, their memory is reused. A run too short to get there
   (the 3-minute test) judges RSS against ``rss_bytes_per_call`` instead: above what a dead
   call holds until that collection, so still a leak of a call's audio or its objects.
 * *nothing left behind*: after the last call ends: 0 calls, 0 SIP transactions (UDP server

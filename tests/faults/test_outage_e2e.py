@@ -235,7 +235,10 @@ async def test_redis_stopped_for_10_s_with_20_calls_up(
         assert p.alive
     assert "voxgate_bus_up 1.0" in metrics_text
     outage = float(lines(metrics_text, r"^voxgate_bus_outage_seconds_total")[0].split()[-1])
-    assert OUTAGE_S - 1 < outage < OUTAGE_S + 3
+    # From the first failed operation to the first answer: a gateway notices the loss at its
+    # next command or read (up to ~2 s after the stop on a loaded box: 8.7 s measured once for
+    # a 10 s stop) and the return at its next backoff probe (cap 1 s).
+    assert OUTAGE_S - 2.5 < outage < OUTAGE_S + 3
     reconnects = float(lines(metrics_text, r"^voxgate_bus_reconnects_total")[0].split()[-1])
     assert reconnects >= 1
 

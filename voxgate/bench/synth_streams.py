@@ -109,7 +109,8 @@ class GpuSampler:
             "nvidia-smi",
             "--query-gpu=utilization.gpu,memory.used",
             "--format=csv,noheader,nounits",
-            f"-lms={self.period_ms}",
+            "-lms",
+            str(self.period_ms),
         ]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self._thread = threading.Thread(target=self._read, daemon=True)

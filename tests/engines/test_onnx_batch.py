@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from synth.engines.base import EngineChunk
 from synth.engines.batching import PRIORITY_LATER, StepStopped
 from synth.engines.onnx_batch import BatchedOnnxEngine
 from synth.engines.onnx_engine import OnnxEngine
-from synth.engines.voice import Sentence
+from tests.engines.batch_support import hold_scheduler, patch_poison, run_threads
 
 TEXTS = [
     "Thank you for calling. How can I help you today?",
@@ -47,45 +47,16 @@ def reference() -> dict[str, list[Audio]]:
 def batched() -> Iterator[BatchedOnnxEngine]:
     # A wide window: the test's threads, not the machine's speed, decide who shares a batch.
     engine = BatchedOnnxEngine(seed=11, window_ms=50.0, max_batch=8)
-    original = engine._sentences
-
-    def sentences(text: str) -> list[Sentence]:
-        if text == POISON:  # an id past the vocabulary: the text embedding's Gather raises
-            return [Sentence(("x",), (1, 0, 10**6, 0, 2))]
-        return original(text)
-
-    engine._sentences = sentences  # type: ignore[method-assign]
+    patch_poison(engine, POISON)  # the text embedding's Gather raises
     yield engine
     engine.close()
 
 
-def _threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
-    out: list[Any] = [None] * len(fns)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = fns[i]()
-        except Exception as exc:
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
+_threads = run_threads
 
 
 def _hold(engine: BatchedOnnxEngine) -> tuple[threading.Event, threading.Thread]:
-    """Park the scheduler's thread until the event is set: calls queue up meanwhile and form
-    the next batches together."""
-    release = threading.Event()
-    holder = threading.Thread(target=engine.batched.on_scheduler, args=(release.wait,))
-    holder.start()
-    while engine.scheduler.waiting:  # the hold has been taken off the queue and is running
-        time.sleep(0.001)
-    time.sleep(0.02)
-    return release, holder
+    return hold_scheduler(engine.batched.on_scheduler, engine.scheduler)
 
 
 def _wait_queued(engine: BatchedOnnxEngine, n: int) -> None:

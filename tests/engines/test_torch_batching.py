@@ -22,7 +22,11 @@ pytestmark = pytest.mark.torch
 from synth.engines.base import EngineChunk  # noqa: E402
 from synth.engines.batching import Runner  # noqa: E402
 from synth.engines.torch_engine import TorchEngine  # noqa: E402
-from synth.engines.voice import Sentence  # noqa: E402
+from tests.engines.batch_support import (  # noqa: E402
+    hold_scheduler,
+    patch_poison,
+    run_threads,
+)
 
 TEXTS = [
     "Thank you for calling. How can I help you today?",
@@ -48,46 +52,17 @@ def reference() -> dict[str, list[np.ndarray[Any, Any]]]:
 @pytest.fixture(scope="module")
 def batched() -> Iterator[TorchEngine]:
     engine = TorchEngine(seed=11, batching=True, window_ms=50.0, max_batch=8, budget_ms=0)
-    original = engine._sentences
-
-    def sentences(text: str) -> list[Sentence]:
-        if text == POISON:  # an id past the vocabulary: the text embedding raises
-            return [Sentence(("x",), (1, 0, 10**6, 0, 2))]
-        return original(text)
-
-    engine._sentences = sentences  # type: ignore[method-assign]
+    patch_poison(engine, POISON)  # the text embedding raises
     yield engine
     engine.close()
 
 
-def _threads(fns: list[Callable[[], Any]]) -> list[Any]:
-    out: list[Any] = [None] * len(fns)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = fns[i]()
-        except Exception as exc:
-            out[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
+_threads = run_threads
 
 
 def _hold(engine: TorchEngine) -> tuple[threading.Event, threading.Thread]:
-    """Park the scheduler's thread until the event is set: calls queue up meanwhile and form
-    the next batches together."""
-    release = threading.Event()
-    holder = threading.Thread(target=engine.torch_backend.on_scheduler, args=(release.wait,))
-    holder.start()
     assert engine.scheduler is not None
-    while engine.scheduler.waiting:  # the hold has been taken off the queue and is running
-        time.sleep(0.001)
-    time.sleep(0.02)
-    return release, holder
+    return hold_scheduler(engine.torch_backend.on_scheduler, engine.scheduler)
 
 
 def _wait_queued(engine: TorchEngine, n: int) -> None:

@@ -910,6 +910,15 @@ def _section_body(sr: StageResult) -> list[str]:
                     "decision_to_client_silence_ms",
                     "worker_stop_ms",
                 )
+            ]
+            # At the caller's side of the wire: the first speech packet sent → the first
+            # faded / silent packet received (what the caller experiences; issue 17).
+            + [
+                ("caller: speech sent → faded packet", r.get("caller_onset_to_fade_packet_ms", {})),
+                (
+                    "caller: speech sent → silent packet",
+                    r.get("caller_onset_to_silent_packet_ms", {}),
+                ),
             ],
             "ms",
         )
@@ -927,6 +936,14 @@ def _section_body(sr: StageResult) -> list[str]:
                         f"onset → zero p95 ≤ {fmt(tg.get('onset_to_zero_p95_ms'), '.0f')} ms",
                         fmt(r.get("onset_to_zero_ms", {}).get("p95")),
                         met.get("onset_to_zero"),
+                    ),
+                    (
+                        "caller side, speech sent → silent packet: p50 ≤ "
+                        f"{fmt(tg.get('caller_onset_to_silence_p50_ms'), '.0f')}, p95 ≤ "
+                        f"{fmt(tg.get('caller_onset_to_silence_p95_ms'), '.0f')} ms",
+                        f"{fmt(r.get('caller_onset_to_silent_packet_ms', {}).get('p50'))} / "
+                        f"{fmt(r.get('caller_onset_to_silent_packet_ms', {}).get('p95'))}",
+                        met.get("caller_onset_to_silence"),
                     ),
                     (
                         "no false barge-ins on echo",

@@ -67,7 +67,10 @@ class Gateway:
         self.campaigns = CampaignService(cfg, self.manager)
         self.metrics.watch_campaigns(self.campaigns.in_flight)
         self.metrics.watch_sip(
-            self.ua.limits.refused_counts, self._sip_transactions, self._sip_tls_failures
+            self.ua.limits.refused_counts,
+            self._sip_transactions,
+            self._sip_tls_failures,
+            access=lambda: self.ua.gate.counts,
         )
 
     def _sip_transactions(self) -> int:

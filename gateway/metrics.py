@@ -44,6 +44,7 @@ from gateway.call.manager import CallManager
 from gateway.campaign.outcomes import Outcome
 from gateway.legs.sip.tls import FAILURE_REASONS as TLS_FAILURE_REASONS
 from gateway.media.recording import ERROR_CODES as RECORDING_ERROR_CODES
+from gateway.sip.access import OUTCOMES as SIP_ACCESS_OUTCOMES
 from gateway.sip.limits import REASONS as SIP_REFUSAL_REASONS
 from voxgate.contract.bus.base import Bus, BusError
 from voxgate.contract.metrics import CONTENT_TYPE, render_registry
@@ -239,6 +240,7 @@ class GatewayMetrics:
         self._sip_refused: Callable[[], Mapping[str, int]] | None = None
         self._sip_transactions: Callable[[], int] | None = None
         self._sip_tls_failures: Callable[[], Mapping[str, int]] | None = None
+        self._sip_access: Callable[[], Mapping[str, int]] | None = None
         r.register(_LiveCollector(self))
         r.register(_RecordingCollector(manager))
         r.register(_ProcessCollector(self))
@@ -276,11 +278,14 @@ class GatewayMetrics:
         refused: Callable[[], Mapping[str, int]],
         transactions: Callable[[], int],
         tls_failures: Callable[[], Mapping[str, int]] | None = None,
+        access: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Read the SIP requests refused so far, by reason, and the transactions held now at
-        each scrape (``SourceLimits.refused_counts``, ``TransactionLayer.transaction_count``)."""
+        each scrape (``SourceLimits.refused_counts``, ``TransactionLayer.transaction_count``);
+        ``access``: who-may-call outcomes so far (``Gatekeeper.counts``)."""
         self._sip_refused, self._sip_transactions = refused, transactions
         self._sip_tls_failures = tls_failures  # by reason (gateway.legs.sip.tls)
+        self._sip_access = access
 
     def add_refresher(self, refresh: Callable[[], Awaitable[None]]) -> None:
         """Run ``refresh`` before each scrape (e.g. an embedded worker's metrics)."""
@@ -453,6 +458,21 @@ class GatewayMetrics:
                 "voxgate_sip_transactions", "SIP transactions held now (client and server)",
                 value=self._sip_transactions(),
             )  # fmt: skip
+        if self._sip_access is not None:
+            # An operator's view of who tried to call: a climbing failed/locked_out/forbidden
+            # is a scan or a brute force, a climbing stale is phones with a slow clock.
+            outcomes = self._sip_access()
+            c = CounterMetricFamily(
+                "voxgate_sip_access",
+                "Who-may-call decisions on new SIP requests, by outcome: admitted_trunk "
+                "(allow-listed source), admitted_user (digest verified), challenged (401/407 "
+                "sent), failed (wrong credentials or unknown user), stale, replayed, malformed, "
+                "forbidden (403: not allowed), locked_out (403: too many failures), registered",
+                labels=["outcome"],
+            )
+            for outcome in sorted(set(SIP_ACCESS_OUTCOMES) | set(outcomes)):
+                c.add_metric([outcome], float(outcomes.get(outcome, 0)))
+            yield c
         if self._sip_tls_failures is not None:
             failures = self._sip_tls_failures()
             c = CounterMetricFamily(

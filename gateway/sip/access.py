@@ -56,6 +56,11 @@ Mode = Literal["off", "invite", "all"]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Never challenged (§22.1); a locked-out source may still send them (gateway.sip.limits).
 _EXEMPT = frozenset(("ACK", "CANCEL"))
+# Every outcome Gatekeeper.counts keeps (the metric shows each, 0 until it happens).
+OUTCOMES = (
+    "admitted_trunk", "admitted_user", "challenged", "failed", "stale", "replayed", "malformed",
+    "forbidden", "locked_out", "registered",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +136,7 @@ class Gatekeeper:
         self.digest = digest
         self.location = location
         self.limits = limits
-        # Outcomes, for /metrics and tests: admitted_*, challenged, failed, stale, replayed,
-        # malformed, forbidden, locked_out, registered.
+        # Outcomes (OUTCOMES), for /metrics (voxgate_sip_access) and tests.
         self.counts: Counter[str] = Counter()
 
     @property

@@ -139,7 +139,16 @@ async def test_authenticated_invite_is_answered_and_hears_the_greeting(
     await gw.wait_no_calls()
 
 
+def access_counts(gw: GatewayProc) -> dict[str, float]:
+    """The gateway's voxgate_sip_access counters, by outcome, as /metrics shows them."""
+    with urllib.request.urlopen(gw.http + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.findall(r'^voxgate_sip_access_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {k: float(v) for k, v in found}
+
+
 async def test_wrong_password_locks_the_source_out(gw: GatewayProc, sipp: Sipp) -> None:
+    before = await asyncio.to_thread(access_counts, gw)
     calls = FAILURES + 2
     result = await sipp.run("auth_wrong.xml", target=gw.sip, args=[
         "-m", str(calls), "-l", "1", "-au", "sippuser", "-ap", "wrong-password",
@@ -163,6 +172,12 @@ async def test_wrong_password_locks_the_source_out(gw: GatewayProc, sipp: Sipp) 
     assert statuses(elsewhere.messages) == [401, 401], elsewhere.describe()
     assert "locked out for" in gw.log()
     assert await gw.acalls() == []
+    # The operator sees it on /metrics: the wrong answers, the lockout, the challenges.
+    after = await asyncio.to_thread(access_counts, gw)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["failed"] >= FAILURES + 1, delta  # 3 at 127.0.0.4, 1 at 127.0.0.6
+    assert delta["locked_out"] >= 1 and delta["challenged"] >= FAILURES + 1, delta
+    assert delta["admitted_user"] == 0, delta
 
 
 async def test_allow_listed_source_needs_no_credentials(gw: GatewayProc, sipp: Sipp) -> None:

@@ -58,6 +58,7 @@ GATEWAY = {
     "voxgate_bus_reconnects": "counter",
     "voxgate_bus_outage_seconds": "counter",
     "voxgate_sip_tls_failures": "counter",
+    "voxgate_sip_access": "counter",
     "voxgate_srtp_auth_failures": "counter",
     "voxgate_srtp_replays": "counter",
 }

@@ -153,9 +153,19 @@ class GraphCache:
         try:
             meta = json.loads((path / META).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            if path.exists():
+            # The entry may have been renamed into place between the read and this check (a
+            # worker starting alongside committed it): read again before calling it broken, or
+            # a complete entry would be discarded.
+            if not path.exists():
+                return None
+            try:
+                meta = json.loads((path / META).read_text(encoding="utf-8"))
+            except FileNotFoundError:
                 self.discard(key, "no meta.json")
-            return None
+                return None
+            except (OSError, ValueError) as exc:
+                self.discard(key, f"unreadable meta.json: {exc}")
+                return None
         except (OSError, ValueError) as exc:
             self.discard(key, f"unreadable meta.json: {exc}")
             return None

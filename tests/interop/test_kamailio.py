@@ -185,10 +185,13 @@ def test_sigterm_under_traffic_no_new_call_fails(front: Front) -> None:
     # the gap to the next call B would get under round robin).
     bound = TIMERS.fr_gateway_ms / 1000 + 2 / RATE + MARGIN_S
     assert fo.down_after_s <= bound, fo
-    # Every call B delayed was retried at A after FR_GATEWAY_MS; none was sent to B after the
-    # front took it out.
+    # Every call B delayed was retried at A: after FR_GATEWAY_MS if B left it unanswered (it had
+    # exited), at once if B refused it with 503 while draining (84312e1); none was sent to B after
+    # the front took it out.
     assert fo.delayed >= 1, fo
+    assert len(fo.delayed_setup_s) + len(fo.refused_setup_s) == fo.delayed, fo
     assert all(s >= TIMERS.fr_gateway_ms / 1000 * 0.9 for s in fo.delayed_setup_s), fo
+    assert all(s < TIMERS.fr_gateway_ms / 1000 * 0.5 for s in fo.refused_setup_s), fo
     down_at = fo.stopped_at + fo.down_after_s
     after = [r for r in records if r.sent > down_at + 0.05]
     assert after and all(r.gateway_port == front.a.sip_port for r in after), after

@@ -41,7 +41,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,6 +104,8 @@ class StateChange:
 
 _CHANGE = re.compile(r"voxgate-front: gateway (down|up) (\S+) at ([0-9]+\.[0-9]+)")
 _RETRIED = re.compile(r"call (\S+) retried at (\S+)")
+# failure_route's lines for a branch that timed out (no answer at all, or 100 Trying and no final).
+_SILENT = re.compile(r"gateway \S+ (?:did not answer|gave) call (\S+?):? ")
 
 
 class Kamailio:
@@ -230,6 +232,10 @@ class Kamailio:
     def retried(self) -> dict[str, str]:
         """Call-ID -> the gateway the front retried it at (after a 5xx or silence)."""
         return {m[1]: m[2] for m in _RETRIED.finditer(self.log())}
+
+    def silent(self) -> set[str]:
+        """Call-IDs whose branch timed out at a gateway (as against one it refused with a 5xx)."""
+        return {m[1] for m in _SILENT.finditer(self.log())}
 
     def wait_change(self, state: str, uri: str, after: float, timeout: float) -> StateChange:
         deadline = time.monotonic() + timeout
@@ -590,11 +596,14 @@ class Failover:
     new_failed: int  # of those: a final failure, or cut off after the answer
     delayed: int  # of those: first sent to the stopped gateway, retried at the next one
     last_delayed_after_s: float  # signal -> the INVITE of the last such call (0: none)
-    delayed_setup_s: list[float]  # their setup times (each about FR_GATEWAY_MS)
+    delayed_setup_s: list[float]  # setup times of those it left unanswered (about FR_GATEWAY_MS)
     in_flight_lost: int  # answered by it before the signal and cut off
     exit_s: float | None  # signal -> the process exited (None: not within 15 s)
     exit_rc: int | None  # its exit status (-9: SIGKILL)
     up_after_ready_s: float | None = None  # restarted gateway ready -> the front's "gateway up"
+    # Setup times of those it refused instead (503 "Shutting Down" while a SIGTERM drains it):
+    # retried at once, so no FR_GATEWAY_MS wait.
+    refused_setup_s: list[float] = field(default_factory=list)
 
 
 def failover(
@@ -606,12 +615,15 @@ def failover(
     down_at: float,
     dead_port: int,
     retried: Mapping[str, str],
+    silent: Collection[str] = (),
     exit_s: float | None,
     exit_rc: int | None,
 ) -> Failover:
     new = [r for r in records if r.sent >= stopped_at]
     old = [r for r in records if r.sent < stopped_at]
     delayed = [r for r in new if r.call_id in retried]
+    unanswered = [r for r in delayed if r.call_id in silent]
+    refused = [r for r in delayed if r.call_id not in silent]
     return Failover(
         signal=sig,
         traffic=traffic,
@@ -621,10 +633,11 @@ def failover(
         new_failed=sum(1 for r in new if r.answered is None or r.aborted),
         delayed=len(delayed),
         last_delayed_after_s=max((r.sent - stopped_at for r in delayed), default=0.0),
-        delayed_setup_s=[r.setup_s for r in delayed if r.setup_s is not None],
+        delayed_setup_s=[r.setup_s for r in unanswered if r.setup_s is not None],
         in_flight_lost=sum(1 for r in old if r.gateway_port == dead_port and r.aborted),
         exit_s=exit_s,
         exit_rc=exit_rc,
+        refused_setup_s=[r.setup_s for r in refused if r.setup_s is not None],
     )
 
 
@@ -770,7 +783,8 @@ def run_stop(
         _, records = run.wait(120)
     fo = failover(
         records, sig=sig.name, traffic=traffic, stopped_at=stopped_at, down_at=down.at,
-        dead_port=victim.sip_port, retried=front.retried(), exit_s=exit_s, exit_rc=rc,
+        dead_port=victim.sip_port, retried=front.retried(), silent=front.silent(),
+        exit_s=exit_s, exit_rc=rc,
     )  # fmt: skip
     if victim.alive():  # it did not exit by itself within 15 s: a figure, then it goes
         victim.stop()
@@ -952,6 +966,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                     "new_failed": sum(s.new_failed for s in group),
                     "in_flight_lost": sum(s.in_flight_lost for s in group),
                     "delayed_setup_s": _pct([x for s in group for x in s.delayed_setup_s]),
+                    "refused_setup_s": _pct([x for s in group for x in s.refused_setup_s]),
                     "up_after_ready_s": _pct(
                         [s.up_after_ready_s for s in group if s.up_after_ready_s is not None]
                     ),

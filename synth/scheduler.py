@@ -47,9 +47,9 @@ class PriorityExecutor:
             try:
                 result = fn()
             except BaseException as exc:
-                loop.call_soon_threadsafe(_set_exception, fut, exc)
+                _post(loop, _set_exception, fut, exc)
             else:
-                loop.call_soon_threadsafe(_set_result, fut, result)
+                _post(loop, _set_result, fut, result)
 
     def submit(self, priority: int, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Run ``fn`` on a pool thread; the returned future resolves on the calling loop."""
@@ -70,6 +70,16 @@ class PriorityExecutor:
         if wait:
             for t in self._threads:
                 t.join()
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    # A step that finishes after its loop closed (a worker stopped mid-utterance) has no one
+    # left to tell; raising here would only kill the pool thread and lose the steps behind it.
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _set_result(fut: asyncio.Future[Any], value: Any) -> None:

@@ -502,7 +502,10 @@ class DetectorBank:
     # -- near end ------------------------------------------------------------------------------
 
     def near(
-        self, s: npt.NDArray[np.intp], idx: npt.NDArray[np.int64], frames: Int16Array,
+        self,
+        s: npt.NDArray[np.intp],
+        idx: npt.NDArray[np.int64],
+        frames: Int16Array,
         vad: npt.NDArray[np.bool_],
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], npt.NDArray[np.bool_], FloatArray]:
         """Near frames of slots ``s`` (distinct) with their webrtcvad verdicts.
@@ -592,7 +595,8 @@ class DetectorBank:
         strong = share.copy()
         if trusted.any():
             strong[trusted] = self._caller_share(
-                e[trusted], np.maximum(ref_any[trusted] * gain[trusted], tail_old[trusted]),
+                e[trusted],
+                np.maximum(ref_any[trusted] * gain[trusted], tail_old[trusted]),
                 noise_m[trusted],
             )
         pick = ~trusted & candidate
@@ -698,7 +702,11 @@ class DetectorBank:
         self.ceil_lag[ix] = np.where(far_lo > self.ceil_min_far, np.minimum(risen, ratio), risen)
 
     def _update_delay(
-        self, ix: Rows, e: FloatArray, far_dev: FloatArray, far_dev2: FloatArray,
+        self,
+        ix: Rows,
+        e: FloatArray,
+        far_dev: FloatArray,
+        far_dev2: FloatArray,
         delay: npt.NDArray[np.int64],
     ) -> None:
         log_e = np.maximum(10.0 * np.log10(e), _LOG_FLOOR_DB)
@@ -741,7 +749,11 @@ class DetectorBank:
         self.delay[ix] = np.where(trusted, slow, -1)
 
     def _update_gain(
-        self, s: npt.NDArray[np.intp], ix: Rows, e: FloatArray, ref: FloatArray,
+        self,
+        s: npt.NDArray[np.intp],
+        ix: Rows,
+        e: FloatArray,
+        ref: FloatArray,
         noise: FloatArray,
     ) -> None:
         # Quantile tracking in dB (stochastic gradient on the pinball loss): converges to the
@@ -1056,7 +1068,11 @@ def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
             vad,
         )
         ev_l, cl_l, st_l, sh_l, vad_l = (
-            evidence.tolist(), clear.tolist(), strong.tolist(), share.tolist(), vad.tolist()
+            evidence.tolist(),
+            clear.tolist(),
+            strong.tolist(),
+            share.tolist(),
+            vad.tolist(),
         )
         for j, (i, d) in enumerate(zip(pos, ready, strict=True)):
             start = heads[j][0]

@@ -68,9 +68,7 @@ async def test_originate(client: Client, control: FakeControl) -> None:
     assert control.originated == [("sip:bob@example.com", None)]
 
 
-async def test_originate_with_an_agent_passes_it_on(
-    client: Client, control: FakeControl
-) -> None:
+async def test_originate_with_an_agent_passes_it_on(client: Client, control: FakeControl) -> None:
     agent = {"kind": "llm", "system_prompt": "Be brief.", "vars": {"name": "Ann"}}
     resp = await client.post("/api/calls", json={"to": "sip:bob@example.com", "agent": agent})
     assert resp.status == 201

@@ -37,9 +37,10 @@ async def server() -> AsyncIterator[tuple[TestServer, MockLlm]]:
 async def chat(srv: TestServer, text: str, **extra: Any) -> tuple[int, list[Any]]:
     body = {"model": "m", "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": text}], **extra}  # fmt: skip
-    async with aiohttp.ClientSession() as s, s.post(
-        str(srv.make_url("/v1/chat/completions")), json=body
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(str(srv.make_url("/v1/chat/completions")), json=body) as r,
+    ):
         if r.status != 200:
             return r.status, [await r.json()]
         lines = [ln.decode().strip() async for ln in r.content]
@@ -92,10 +93,13 @@ async def test_scripted_failures(server: tuple[TestServer, MockLlm]) -> None:
 
 async def test_without_stream_one_body(server: tuple[TestServer, MockLlm]) -> None:
     srv, _ = server
-    async with aiohttp.ClientSession() as s, s.post(
-        str(srv.make_url("/v1/chat/completions")),
-        json={"model": "m", "messages": [{"role": "user", "content": "balance"}]},
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            str(srv.make_url("/v1/chat/completions")),
+            json={"model": "m", "messages": [{"role": "user", "content": "balance"}]},
+        ) as r,
+    ):
         doc = await r.json()
     assert doc["choices"][0]["message"]["content"] == "Your balance is forty dollars."
     async with aiohttp.ClientSession() as s, s.get(str(srv.make_url("/requests"))) as r:

@@ -26,7 +26,8 @@ def options(addr: tuple[str, int]) -> Response:
         s.settimeout(2.0)
         s.sendto(
             b"OPTIONS sip:ivr@127.0.0.1 SIP/2.0\r\n"
-            b"Via: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKready" + str(free_port()).encode()
+            b"Via: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKready"
+            + str(free_port()).encode()
             + b";rport\r\nFrom: <sip:probe@127.0.0.1>;tag=1\r\nTo: <sip:ivr@127.0.0.1>\r\n"
             b"Call-ID: ready-" + str(free_port()).encode() + b"\r\nCSeq: 1 OPTIONS\r\n"
             b"Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n",

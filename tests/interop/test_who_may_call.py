@@ -212,8 +212,7 @@ async def test_baresip_registers_and_is_called_by_its_aor(gw: GatewayProc, tmp_p
     cfg = baresip_config(tmp_path, sip_port, "auto")
     # Registers to the gateway (regint: the binding's lifetime, >= registrar_min_expires_s).
     (cfg / "accounts").write_text(
-        f"<sip:alice@{gw.sip}>;auth_pass=al1ce-Pa55;regint=600;answermode=auto;"
-        "audio_codecs=PCMU\n"
+        f"<sip:alice@{gw.sip}>;auth_pass=al1ce-Pa55;regint=600;answermode=auto;audio_codecs=PCMU\n"
     )
     log = tmp_path / "baresip.log"
     async with EventFeed(gw.http) as feed, baresip(cfg, log, seconds=10) as proc:

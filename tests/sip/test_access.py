@@ -180,8 +180,12 @@ def test_routes_to_registered_aors() -> None:
         assert str(route.request_uri) == "sip:alice@192.168.1.20:5062"
         assert str(route.to) == "sip:alice@voxgate.example"
         assert route.addr == PHONE  # the private contact is reached through its NAT
-    for to in ("sip:alice@elsewhere.example", "+14155550100", "sip:carol@voxgate.example",
-               "sip:voxgate.example"):
+    for to in (
+        "sip:alice@elsewhere.example",
+        "+14155550100",
+        "sip:carol@voxgate.example",
+        "sip:voxgate.example",
+    ):
         assert g.route(to, 1.0) is None, to  # not a local user: dialled as before
     with pytest.raises(NotRegistered):
         g.route("alice", 3601.0)  # the binding expired

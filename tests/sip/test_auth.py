@@ -87,7 +87,7 @@ def test_rfc7616_vector_is_a_right_digest_with_a_foreign_nonce() -> None:
     on file it fails."""
     value = (
         'Digest username="Mufasa", realm="http-auth@example.org", uri="sip:ivr@192.0.2.20", '
-        "algorithm=SHA-256, nonce=\"7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v\", nc=00000001,"
+        'algorithm=SHA-256, nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", nc=00000001,'
         ' cnonce="f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ", qop=auth, response="{}", '
         'opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS"'
     )

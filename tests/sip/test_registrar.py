@@ -177,9 +177,7 @@ def test_best_binding_by_q_then_recency() -> None:
         ("<sips:a@8.8.4.4>", PHONE, ("8.8.4.4", 5061)),
     ],
 )
-def test_where_a_call_to_the_binding_goes(
-    contact: str, source: Address, target: Address
-) -> None:
+def test_where_a_call_to_the_binding_goes(contact: str, source: Address, target: Address) -> None:
     loc = service()
     assert loc.register(register(contact), source, 0.0).status == 200
     binding = loc.lookup("alice", 1.0)

@@ -117,8 +117,11 @@ def register_bench(bench_sub: SubParsers) -> None:
         ("amd", "answering-machine detection on generated greetings: accuracy, decision time"),
         ("campaign", "an outbound campaign against a sipp UAS: dials/s, pacing, peak calls, CPU"),
         ("front", "the Kamailio front before gateways: spread, failover when one stops, cores"),
-        ("fuzz", "coverage-guided fuzzing (atheris) of every parser of outside bytes: --target, "
-         "--runs; inputs, exec/s, coverage, crashes"),
+        (
+            "fuzz",
+            "coverage-guided fuzzing (atheris) of every parser of outside bytes: --target, "
+            "--runs; inputs, exec/s, coverage, crashes",
+        ),
     ):
         # Its own options pass through untouched ("+" is no option prefix of ours).
         cc = bench_sub.add_parser(name, help=doc, add_help=False, prefix_chars="+")

@@ -164,4 +164,3 @@ def cmd_mock_llm(args: argparse.Namespace) -> int:
     print(f"mock LLM on http://{args.host}:{args.port}/v1 (requests: /requests)", flush=True)
     web.run_app(MockLlm(script).app(), host=args.host, port=args.port, print=None)
     return 0
-

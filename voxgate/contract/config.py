@@ -362,8 +362,11 @@ def _validate_access(cfg: GatewayConfig) -> None:
     for i, acct in enumerate(cfg.accounts):
         key = f"gateway.accounts[{i}]"
         user = acct.username
-        if not user or user != user.strip() or not user.isprintable() or any(
-            c in user for c in '"\\:@ '
+        if (
+            not user
+            or user != user.strip()
+            or not user.isprintable()
+            or any(c in user for c in '"\\:@ ')
         ):
             raise ConfigError(f"{key}.username: not a usable user name: {user!r}")
         if acct.realm:

@@ -120,6 +120,16 @@ class WorkerMetrics:
         for code in sorted(set(ERROR_CODES) | set(counts)):
             errors.add_metric([code], float(counts.get(code, 0)))
         out.append(errors)
+        renderings = CounterMetricFamily(
+            "voxgate_worker_renderings",
+            "How utterances got their audio (replayed from the cache, rendered, followed a "
+            "rendering in progress) and how renderings nobody heard ended (finished_unheard "
+            "for the cache, stopped)",
+            labels=["outcome"],
+        )
+        for how, n in w.renderings.items():
+            renderings.add_metric([how], float(n))
+        out.append(renderings)
         if self._lag is not None and self._pending is not None:
             out.append(GaugeMetricFamily(
                 "voxgate_worker_request_stream_lag",

@@ -24,14 +24,16 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
+from synth.cache import CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine, StagedWarmup, WarmStep
-from synth.render import Renderer, RenderError, prepare_text
+from synth.render import Rendered, Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
+from synth.shared import SharedRender
 from voxgate.contract.bus.base import Bus, BusDown, BusError, Delivery
 from voxgate.contract.bus.schema import (
     ERR_BAD_REQUEST,
@@ -65,6 +67,12 @@ WARM_PRIORITY = 2
 # this long after ready): a request already waiting when the worker becomes ready, or a burst,
 # is served first; one arriving mid-step shares the CPU with that one step.
 WARM_IDLE_S = 0.2
+# A rendering nobody follows any more is finished for the cache only for a prompt asked for
+# before and no longer than this (synth/shared.py); the keys asked for are remembered up to
+# ASKED_KEYS, the least recent forgotten first.
+FINISH_MAX_CHARS = 1000
+ASKED_KEYS = 4096
+RENDERING_COUNTS = ("replayed", "rendered", "followed", "finished_unheard", "stopped")
 
 
 def _run_steps(steps: list[WarmStep]) -> None:
@@ -135,6 +143,16 @@ class Worker:
         self.on_stats = on_stats
         # Finished renderings replayed for repeated prompts (0: off).
         self.cache = RenderCache(cache_bytes) if cache_bytes > 0 else None
+        # Renderings in progress by key, followed by every utterance asking for the same
+        # prompt meanwhile (synth/shared.py); how often each key was asked for.
+        self._renders: dict[CacheKey, SharedRender] = {}
+        self._render_tasks: set[asyncio.Task[None]] = set()
+        self._asked: OrderedDict[CacheKey, int] = OrderedDict()
+        self._background = asyncio.Lock()
+        # How each utterance got its audio, and how renderings ended (synth.metrics):
+        # replayed (cache), rendered (started one), followed (joined one in progress);
+        # finished_unheard (completed for the cache after every caller left), stopped (left).
+        self.renderings: dict[str, int] = dict.fromkeys(RENDERING_COUNTS, 0)
         # More pool threads than cores only adds contention; utterances beyond that interleave.
         # A batching engine (issue 16) says how many steps it wants at once: its steps mostly
         # wait for its batch scheduler, and every utterance left out of a step is a batch row
@@ -301,6 +319,11 @@ class Worker:
                 await self.bus.retire(self.name)
             if self._active:
                 await asyncio.gather(*self._active, return_exceptions=True)
+            # What is left is finishing for the cache alone: not worth a stopping worker's time.
+            for r in list(self._render_tasks):
+                r.cancel()
+            if self._render_tasks:
+                await asyncio.gather(*self._render_tasks, return_exceptions=True)
             executor.shutdown(wait=False)
             self._executor = None
 
@@ -559,62 +582,126 @@ class Worker:
         key: CacheKey = (req.text, req.raw, self.engine.voice, shape, self.engine.name)
         cached = self.cache.get(key) if self.cache is not None and not self.whole else None
         if cached is not None:
+            self.renderings["replayed"] += 1
             await self._replay(req, cached, progress, report)
             return
-        chunks: list[CachedChunk] = []
+        shared, owner = self._render_for(key, pieces, req.profile, rate)
+        self.renderings["rendered" if owner else "followed"] += 1
+        shared.follow()
+        try:
+            await self._follow(req, shared, owner, progress, report)
+        finally:
+            shared.leave()
+
+    def _render_for(
+        self, key: CacheKey, pieces: list[str], profile: Profile, rate: int
+    ) -> tuple[SharedRender, bool]:
+        """The rendering of ``key`` in progress (to follow), or a new one: (it, started now).
+        With the cache off (or the whole-piece baseline) every utterance renders on its own."""
+        share = self.cache is not None and not self.whole
+        asked = 0
+        if share:
+            asked = self._asked.pop(key, 0) + 1
+            self._asked[key] = asked  # most recent last; the oldest go first
+            while len(self._asked) > ASKED_KEYS:
+                self._asked.popitem(last=False)
+            running = self._renders.get(key)
+            if running is not None and not running.finished:
+                running.keep_when_abandoned = self._worth_finishing(key, asked)
+                return running, False
         renderer = Renderer(
             self.engine,
             pieces,
-            req.profile,
+            profile,
             eq_gain_db=self.eq_gain_db,
             wideband_rate=rate,
             whole=self.whole,
         )
-        seq = 0
+        shared = SharedRender(
+            key, renderer, keep_when_abandoned=share and self._worth_finishing(key, asked)
+        )
+        if share:
+            self._renders[key] = shared
+        task = asyncio.create_task(shared.run(self._step, self._render_done))
+        self._render_tasks.add(task)
+        task.add_done_callback(self._render_tasks.discard)
+        return shared, True
+
+    def _worth_finishing(self, key: CacheKey, asked: int) -> bool:
+        # Asked for before: a prompt that repeats (a greeting, a menu), not an LLM's one-off
+        # reply, whose rendering would cost a core for nobody under barge-in.
+        return asked >= 2 and len(key[0]) <= FINISH_MAX_CHARS
+
+    async def _step(self, renderer: Renderer, priority: int, background: bool) -> Rendered | None:
+        assert self._executor is not None, "utterances are served only inside run()"
+        if not background:
+            return await self._executor.submit(priority, renderer.step)
+        # Nobody is listening: below every utterance, and one such step at a time, so a
+        # request arriving meanwhile shares the CPU with at most one of them.
+        async with self._background:
+            return await self._executor.submit(WARM_PRIORITY, renderer.step)
+
+    def _render_done(self, shared: SharedRender) -> None:
+        if self._renders.get(shared.key) is shared:
+            del self._renders[shared.key]
+        if shared.error is not None:
+            log.error("engine failed rendering %d chars", len(shared.key[0]), exc_info=shared.error)
+        elif shared.abandoned:
+            self.renderings["stopped"] += 1
+        elif shared.done and shared.unheard:
+            self.renderings["finished_unheard"] += 1
+        if shared.done and self.cache is not None and not self.whole:
+            self.cache.put(shared.key, shared.rendering())
+
+    async def _follow(
+        self,
+        req: SpeakRequest,
+        shared: SharedRender,
+        owner: bool,
+        progress: _Progress,
+        report: Callable[[str, int, int], None],
+    ) -> None:
+        """Publish ``shared``'s chunks on this utterance's call as they come; its cancel marker
+        is read before each fresh chunk (and every 8th of those already made), so synthesis
+        stops within one chunk of a barge-in. The compute is the owner's (who started it)."""
+        call, utt, trace = req.call_id, req.utterance_id, req.trace_id
+        rate = shared.renderer.rate
+        seq = sent = 0
         while True:
-            if await self._is_cancelled(utt):
-                renderer.stop_requested = True
-                await self._publish(
-                    UtteranceEnd(call, utt, seq, "cancelled", renderer.samples, trace)
-                )
-                report("cancelled", renderer.samples, renderer.rate)
+            fresh = seq >= len(shared.chunks)
+            if (fresh or seq % 8 == 0) and await self._is_cancelled(utt):
+                await self._publish(UtteranceEnd(call, utt, seq, "cancelled", sent, trace))
+                report("cancelled", sent, rate)
                 return
-            # First chunks jump the queue; later ones take turns in arrival order.
-            assert self._executor is not None, "utterances are served only inside run()"
-            try:
-                out = await self._executor.submit(0 if seq == 0 else 1, renderer.step)
-            except Exception as exc:
-                log.exception("engine failed on utterance %s", utt)
-                await self._error(call, utt, seq, ERR_ENGINE, f"{type(exc).__name__}: {exc}", trace)
-                report(f"error:{ERR_ENGINE}", renderer.samples, renderer.rate)
-                return
-            if out is None:
-                break
-            progress.compute_s += out.compute_s
-            if out.data or out.words:
+            await shared.wait_beyond(seq)
+            if seq < len(shared.chunks):
+                item = shared.chunks[seq]
+                c = item.chunk
                 await self._publish(
-                    AudioChunk(
-                        call,
-                        utt,
-                        seq,
-                        renderer.rate,
-                        out.data,
-                        out.offset,
-                        out.words,
-                        trace,
-                    )
+                    AudioChunk(call, utt, seq, rate, c.data, c.offset, c.words, trace)
                 )
                 if seq == 0:
                     progress.first_at = time.perf_counter()
+                if owner:
+                    progress.compute_s += item.compute_s
                 seq += 1
                 progress.chunks = seq
-                chunks.append(CachedChunk(out.data, out.offset, out.words))
-            if out.final:
-                break
-        await self._publish(UtteranceEnd(call, utt, seq, "done", renderer.samples, trace))
-        if self.cache is not None:
-            self.cache.put(key, Rendering(renderer.rate, tuple(chunks), renderer.samples))
-        report("done", renderer.samples, renderer.rate)
+                sent += len(c.data) // 2
+                continue
+            if shared.error is not None:
+                exc = shared.error
+                log.warning("engine failed on utterance %s", utt)
+                await self._error(call, utt, seq, ERR_ENGINE, f"{type(exc).__name__}: {exc}", trace)
+                report(f"error:{ERR_ENGINE}", sent, rate)
+                return
+            if shared.done:
+                await self._publish(UtteranceEnd(call, utt, seq, "done", sent, trace))
+                report("done", sent, rate)
+                return
+            # Abandoned while followed: only the worker stopping does that.
+            await self._error(call, utt, seq, ERR_ENGINE, "worker stopped mid-utterance", trace)
+            report(f"error:{ERR_ENGINE}", sent, rate)
+            return
 
     async def _replay(
         self,

@@ -73,6 +73,7 @@ WORKER = {
     "voxgate_worker_request_stream_lag": "gauge",
     "voxgate_worker_request_stream_pending": "gauge",
     "voxgate_worker_errors": "counter",
+    "voxgate_worker_renderings": "counter",
 }
 # Dimensionless by nature: ratios and counts of things.
 UNITLESS = {"voxgate_worker_rtf"}

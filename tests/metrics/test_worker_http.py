@@ -85,6 +85,9 @@ async def test_readyz_is_503_until_warm_then_200(bus: MemoryBus) -> None:
         assert m.get("voxgate_worker_utterances_cancelled_total") == 0
         assert m.get("voxgate_worker_errors_total", code="unknown_voice") == 1
         assert m.get("voxgate_worker_errors_total", code="engine_error") == 0
+        # The one utterance served was rendered (no cache hit, nobody to follow).
+        assert m.get("voxgate_worker_renderings_total", outcome="rendered") == 1
+        assert m.get("voxgate_worker_renderings_total", outcome="followed") == 0
         assert m.get("voxgate_worker_time_to_first_chunk_seconds_count") == 1
         assert m.get("voxgate_worker_rtf_count") == 1
         assert 0 < m.get("voxgate_worker_rtf_sum") < 5

@@ -79,7 +79,8 @@ class SynthConfig:
     eq_gain_db: float = 2.0
     # Wideband profile output rate (48000 for WebRTC/Opus, 16000 for G.722-style legs).
     wideband_rate: int = 48000
-    # Finished renderings kept for repeated prompts (greetings, menus), in MiB; 0 disables.
+    # Finished renderings kept for repeated prompts (greetings, menus), in MiB; 0 disables it,
+    # and with it the sharing of one rendering by callers asking for the same prompt at once.
     cache_mb: int = 64
     # The onnx engine's split, optimised graphs, kept between starts so a worker is ready in
     # about a second (synth.engines.graph_cache). Empty: $XDG_CACHE_HOME/voxgate/onnx, else

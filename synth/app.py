@@ -80,6 +80,7 @@ def build_worker(cfg: Config, bus: Bus, engine: Engine, **kwargs: object) -> Wor
         claim_idle_ms=w.claim_idle_ms,
         default_deadline_s=w.default_deadline_s,
         cache_bytes=s.cache_mb * 1024 * 1024,
+        prerender=tuple(s.prerender),
         **{"background_warm": w.warm_background, **kwargs},  # type: ignore[arg-type]
     )
 

@@ -69,6 +69,11 @@ class RenderCache:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= evicted.nbytes
 
+    def __contains__(self, key: CacheKey) -> bool:
+        """Whether ``key`` is held (counts neither a hit nor a miss, moves nothing)."""
+        with self._lock:
+            return key in self._items
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -25,11 +25,11 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from synth.cache import CacheKey, RenderCache, Rendering
+from synth.cache import CachedChunk, CacheKey, RenderCache, Rendering
 from synth.engines.base import Engine, StagedWarmup, WarmStep
 from synth.render import Rendered, Renderer, RenderError, prepare_text
 from synth.scheduler import PriorityExecutor
@@ -72,7 +72,9 @@ WARM_IDLE_S = 0.2
 # ASKED_KEYS, the least recent forgotten first.
 FINISH_MAX_CHARS = 1000
 ASKED_KEYS = 4096
-RENDERING_COUNTS = ("replayed", "rendered", "followed", "finished_unheard", "stopped")
+RENDERING_COUNTS = (
+    "replayed", "rendered", "followed", "finished_unheard", "stopped", "prerendered",
+)  # fmt: skip
 
 
 def _run_steps(steps: list[WarmStep]) -> None:
@@ -129,6 +131,7 @@ class Worker:
         on_stats: Callable[[UtteranceStats], None] | None = None,
         cache_bytes: int = 0,
         background_warm: bool = True,
+        prerender: Sequence[str] = (),
     ) -> None:
         self.bus = bus
         self.engine = engine
@@ -143,6 +146,10 @@ class Worker:
         self.on_stats = on_stats
         # Finished renderings replayed for repeated prompts (0: off).
         self.cache = RenderCache(cache_bytes) if cache_bytes > 0 else None
+        # Prompts rendered into the cache after ready, in the background (synth.prerender).
+        self.prerender = tuple(prerender) if self.cache is not None else ()
+        if prerender and self.cache is None:
+            log.warning("synth.prerender ignored: the render cache is off (synth.cache_mb = 0)")
         # Renderings in progress by key, followed by every utterance asking for the same
         # prompt meanwhile (synth/shared.py); how often each key was asked for.
         self._renders: dict[CacheKey, SharedRender] = {}
@@ -210,6 +217,39 @@ class Worker:
         rest.append(functools.partial(self._render_once, "wideband"))
         return first, rest
 
+    def _prerender_plan(self) -> list[WarmStep]:
+        if self.whole:
+            return []
+        return [
+            functools.partial(self._prerender_one, text, profile)
+            for text in self.prerender
+            for profile in ("narrowband", "wideband")
+        ]
+
+    def _prerender_one(self, text: str, profile: Profile) -> None:
+        """Render ``text`` whole into the cache, under the key a request for it would use."""
+        cache = self.cache
+        assert cache is not None
+        shape = profile if profile == "narrowband" else f"wideband/{self.wideband_rate}"
+        key: CacheKey = (text, False, self.engine.voice, shape, self.engine.name)
+        if key in cache:
+            return  # a caller got there first
+        r = Renderer(
+            self.engine,
+            prepare_text(text, raw=False, max_chars=self.max_text_chars),
+            profile,
+            eq_gain_db=self.eq_gain_db,
+            wideband_rate=self.wideband_rate,
+        )
+        chunks: list[CachedChunk] = []
+        while (out := r.step()) is not None:
+            if out.data or out.words:
+                chunks.append(CachedChunk(out.data, out.offset, out.words))
+            if out.final:
+                break
+        cache.put(key, Rendering(r.rate, tuple(chunks), r.samples))
+        self.renderings["prerendered"] += 1
+
     def _render_once(self, profile: Profile) -> None:
         r = Renderer(
             self.engine,
@@ -275,6 +315,8 @@ class Worker:
             t0 = time.perf_counter()
             await asyncio.to_thread(_run_steps, first)
             self.warm_first_s = time.perf_counter() - t0
+        # Always after ready: a worker that can speak should not wait for its prompt list.
+        rest += self._prerender_plan()
         self._executor = executor = PriorityExecutor(self._threads)
         self.ready = True
         if not rest:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import numpy as np
+import pytest
 
 from synth.engines.base import EngineChunk
 from synth.worker import UtteranceStats, Worker
@@ -154,7 +155,8 @@ async def test_a_repeated_prompt_every_caller_cuts_short_is_finished_for_the_cac
         again = await collect(bus, req(TEXT))
         assert engine.chunks_made == before  # replayed, no engine work
         assert worker.renderings == {
-            "replayed": 1, "rendered": 2, "followed": 0, "finished_unheard": 1, "stopped": 1
+            "replayed": 1, "rendered": 2, "followed": 0, "finished_unheard": 1, "stopped": 1,
+            "prerendered": 0,
         }  # fmt: skip
     check_whole(again, want)
 
@@ -216,3 +218,29 @@ async def test_a_worker_stopping_mid_background_finish_stops_cleanly(bus: Bus) -
     # running() waited for run() to return: nothing of the rendering is left behind.
     assert not worker._render_tasks and not worker._renders
     assert worker.cache is not None and len(worker.cache) == 0
+
+
+async def test_prompts_listed_for_prerender_are_replayed_from_the_first_call(bus: Bus) -> None:
+    want = await asyncio.to_thread(solo, TEXT)
+    engine = ToneEngine()
+    worker = Worker(bus, engine, name="w1", cache_bytes=CACHE, prerender=[TEXT])
+    async with running(worker):  # ready first; the prompts after it, in the background
+        assert worker.renderings["prerendered"] == 2  # narrowband and wideband (48 kHz)
+        made = engine.chunks_made
+        first = await collect(bus, req(TEXT))
+        wide = await collect(bus, req(TEXT, profile="wideband"))
+        assert engine.chunks_made == made and worker.renderings["replayed"] == 2
+        other = await collect(bus, req("something else"))
+        assert engine.chunks_made > made and isinstance(other[-1], UtteranceEnd)
+    check_whole(first, want)
+    assert {m.rate for m in wide if isinstance(m, AudioChunk)} == {48000}
+
+
+def test_prerender_config_is_checked() -> None:
+    from voxgate.contract.config import ConfigError, SynthConfig
+
+    SynthConfig(prerender=["Welcome."]).validate()
+    for bad in (SynthConfig(prerender=["  "]), SynthConfig(prerender=["x" * 6000]),
+                SynthConfig(prerender=["Welcome."], cache_mb=0)):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"synth\.prerender"):
+            bad.validate()

@@ -62,6 +62,9 @@ class BusConfig:
         _positive("bus.audio_ttl_s", self.audio_ttl_s)
 
 
+MAX_PRERENDER = 200  # synth.prerender: prompts, not a script
+
+
 @dataclass
 class SynthConfig:
     engine: str = "onnx"
@@ -82,6 +85,10 @@ class SynthConfig:
     # Finished renderings kept for repeated prompts (greetings, menus), in MiB; 0 disables it,
     # and with it the sharing of one rendering by callers asking for the same prompt at once.
     cache_mb: int = 64
+    # Prompts rendered into that cache at start, after the worker is ready, in the background
+    # (narrowband and wideband at wideband_rate): an IVR's greeting and menus, exactly as the
+    # gateway says them, so that even the first callers get them from the cache.
+    prerender: list[str] = field(default_factory=list)
     # The onnx engine's split, optimised graphs, kept between starts so a worker is ready in
     # about a second (synth.engines.graph_cache). Empty: $XDG_CACHE_HOME/voxgate/onnx, else
     # ~/.cache/voxgate/onnx; "off": split the voice's graph at every start (~3 s more). A
@@ -124,6 +131,16 @@ class SynthConfig:
         _choice("synth.wideband_rate", self.wideband_rate, (16000, 48000))
         if self.cache_mb < 0:
             raise ConfigError(f"synth.cache_mb: must be >= 0, got {self.cache_mb}")
+        if len(self.prerender) > MAX_PRERENDER:
+            raise ConfigError(f"synth.prerender: at most {MAX_PRERENDER} prompts")
+        for i, text in enumerate(self.prerender):
+            if not text.strip() or len(text) > self.max_text_chars:
+                raise ConfigError(
+                    f"synth.prerender[{i}]: a prompt of 1 to synth.max_text_chars "
+                    f"({self.max_text_chars}) characters, got {len(text.strip())}"
+                )
+        if self.prerender and self.cache_mb == 0:
+            raise ConfigError("synth.prerender: needs the render cache (synth.cache_mb > 0)")
         if self.graph_cache_dir != self.graph_cache_dir.strip() or "\x00" in self.graph_cache_dir:
             # A path with stray spaces is almost always a quoting slip (and "off " would
             # silently become a directory called that).

@@ -15,7 +15,7 @@ from synth.worker import UtteranceStats, Worker
 from tests.fakes import ToneEngine
 from tests.worker.test_worker import collect, pcm, req
 from tests.worker.test_worker import running as started
-from voxgate.contract.bus.base import Bus
+from voxgate.contract.bus.base import Bus, Subscription
 from voxgate.contract.bus.schema import (
     ERR_ENGINE,
     AudioChunk,
@@ -55,6 +55,15 @@ def solo(text: str) -> np.ndarray:
     return asyncio.run(one())
 
 
+async def hear(bus: Bus, r: SpeakRequest, chunks: int) -> Subscription:
+    """Submit ``r`` and take its first ``chunks`` chunks; the subscription stays open."""
+    sub = await bus.subscribe(r.call_id)
+    await bus.submit(r)
+    for _ in range(chunks):
+        assert isinstance(await sub.get(5), AudioChunk)
+    return sub
+
+
 def check_whole(msgs: list[AudioMessage], want: np.ndarray) -> None:
     chunks = [m for m in msgs if isinstance(m, AudioChunk)]
     assert [m.seq for m in chunks] == list(range(len(chunks)))
@@ -84,11 +93,7 @@ async def test_a_late_follower_gets_the_chunks_already_made_at_once(bus: Bus) ->
     want = await asyncio.to_thread(solo, TEXT)
     engine = ToneEngine(step_s=0.03)
     async with running(Worker(bus, engine, name="w1", cache_bytes=CACHE)):
-        first = req(TEXT)
-        sub = await bus.subscribe(first.call_id)
-        await bus.submit(first)
-        for _ in range(4):
-            assert isinstance(await sub.get(5), AudioChunk)
+        sub = await hear(bus, req(TEXT), 4)
         late = await collect(bus, req(TEXT))
         rest: list[AudioMessage] = []
         while not isinstance(m := await sub.get(5), UtteranceEnd):
@@ -104,9 +109,7 @@ async def test_the_caller_who_started_it_leaving_does_not_cut_the_others_short(b
     engine = ToneEngine(step_s=0.03)
     async with running(Worker(bus, engine, name="w1", cache_bytes=CACHE)):
         leader = req(TEXT)
-        sub = await bus.subscribe(leader.call_id)
-        await bus.submit(leader)
-        assert isinstance(await sub.get(5), AudioChunk)
+        sub = await hear(bus, leader, 1)
         follower = asyncio.create_task(collect(bus, req(TEXT)))
         await asyncio.sleep(0.1)
         await bus.cancel(leader.utterance_id)  # barge-in on the first call
@@ -118,10 +121,7 @@ async def test_the_caller_who_started_it_leaving_does_not_cut_the_others_short(b
 
 
 async def cut_short(bus: Bus, r: SpeakRequest, chunks: int) -> None:
-    sub = await bus.subscribe(r.call_id)
-    await bus.submit(r)
-    for _ in range(chunks):
-        assert isinstance(await sub.get(5), AudioChunk)
+    sub = await hear(bus, r, chunks)
     await bus.cancel(r.utterance_id)
     while not isinstance(m := await sub.get(5), UtteranceEnd):
         assert m is not None

@@ -45,6 +45,9 @@ class SharedRender:
     abandoned: bool = False  # stopped early: nobody followed and not worth finishing
     error: BaseException | None = None
     followers: int = 0
+    # Asked when nobody follows any more and it is worth keeping: whether the worker has room
+    # for one more rendering nobody hears (it bounds how many wait for the background turn).
+    may_finish: Callable[[], bool] = lambda: True
     unheard: bool = False  # some of it was rendered with nobody following (for the cache)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -75,7 +78,7 @@ class SharedRender:
             seq = 0
             while True:
                 background = self.followers <= 0
-                if background and not self.keep_when_abandoned:
+                if background and not (self.keep_when_abandoned and self.may_finish()):
                     self.renderer.stop_requested = True
                     self.abandoned = True
                     return

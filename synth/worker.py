@@ -72,6 +72,7 @@ WARM_IDLE_S = 0.2
 # ASKED_KEYS, the least recent forgotten first.
 FINISH_MAX_CHARS = 1000
 ASKED_KEYS = 4096
+MAX_UNHEARD = 4
 RENDERING_COUNTS = (
     "replayed", "rendered", "followed", "finished_unheard", "stopped", "prerendered",
 )  # fmt: skip
@@ -664,10 +665,16 @@ class Worker:
         )
         if share:
             self._renders[key] = shared
+            shared.may_finish = self._room_for_unheard
         task = asyncio.create_task(shared.run(self._step, self._render_done))
         self._render_tasks.add(task)
         task.add_done_callback(self._render_tasks.discard)
         return shared, True
+
+    def _room_for_unheard(self) -> bool:
+        # At most MAX_UNHEARD renderings nobody hears at once (the asking one included): they
+        # take the background turn one step at a time, and each holds its engine state.
+        return sum(r.followers <= 0 for r in self._renders.values()) <= MAX_UNHEARD
 
     def _worth_finishing(self, key: CacheKey, asked: int) -> bool:
         # Asked for before: a prompt that repeats (a greeting, a menu), not an LLM's one-off

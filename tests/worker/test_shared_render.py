@@ -244,3 +244,26 @@ def test_prerender_config_is_checked() -> None:
                 SynthConfig(prerender=["Welcome."], cache_mb=0)):  # fmt: skip
         with pytest.raises(ConfigError, match=r"synth\.prerender"):
             bad.validate()
+
+
+async def test_at_most_four_unheard_renderings_wait_for_the_background_turn() -> None:
+    from synth.worker import MAX_UNHEARD
+    from voxgate.contract.bus.memory import MemoryBus
+
+    bus = MemoryBus()
+    await bus.start()
+    engine = ToneEngine(step_s=0.02)
+    worker = Worker(bus, engine, name="w1", cache_bytes=CACHE)
+    # Long enough (80 chunks, 1.6 s a rendering) that none finishes before the last is asked.
+    texts = [" ".join([f"prompt{chr(97 + i)}"] * 80) for i in range(MAX_UNHEARD + 2)]
+    try:
+        async with running(worker):
+            for text in texts * 2:  # each asked twice, each time cut short at once
+                await cut_short(bus, req(text), 1)
+            await wait_until(lambda: not worker._render_tasks, 30)
+    finally:
+        await bus.close()
+    # The second asks: MAX_UNHEARD finished for the cache, the ones beyond that room stopped.
+    assert worker.renderings["finished_unheard"] == MAX_UNHEARD
+    assert worker.renderings["stopped"] == len(texts) + 2
+    assert worker.cache is not None and len(worker.cache) == MAX_UNHEARD

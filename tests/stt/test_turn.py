@@ -37,6 +37,7 @@ from gateway.stt.turn import (
     SmartTurn,
     TurnModelUnavailable,
     TurnVerdict,
+    int8_is_exact,
     last_window,
     model_path,
 )
@@ -175,12 +176,14 @@ def test_a_phone_line_gives_the_same_verdicts() -> None:
 def test_verdicts_equal_pipecats_analyzer() -> None:
     v3 = pytest.importorskip("pipecat.audio.turn.smart_turn.local_smart_turn_v3")
     theirs = v3.LocalSmartTurnAnalyzerV3(smart_turn_model_path=str(model_path()))
+    # pipecat always runs the fused int8 kernels; ours do where they are exact (VNNI).
+    same = SmartTurn(int8_kernels=True)
     for x in (
         turn_audio(COMPLETE[0]),
         turn_audio(*INCOMPLETE[3]),
         turn_audio(COMPLETE[2], 0, True),
     ):
-        ours = model().predict(x)
+        ours = same.predict(x)
         ref = theirs._predict_endpoint(x)
         assert abs(ours.probability - ref["probability"]) < 1e-4, (ours, ref)
         assert ours.complete == (ref["prediction"] == 1)
@@ -296,3 +299,12 @@ def test_pipecat_is_located_not_imported() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_int8_kernels_are_used_only_where_they_are_exact() -> None:
+    epyc = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    xeon = "flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_int8\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd asimddp\n"
+    assert not int8_is_exact(epyc)
+    assert int8_is_exact(xeon) and int8_is_exact("flags : avx2 avx_vnni") and int8_is_exact(arm)
+    assert model().int8_kernels == int8_is_exact()

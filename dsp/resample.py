@@ -20,7 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-import scipy.signal
+
+from dsp.kaiser import firwin_lowpass, kaiserord
 
 FloatArray = npt.NDArray[np.float64]
 Float32Array = npt.NDArray[np.float32]
@@ -84,14 +85,12 @@ def design(
     g = math.gcd(in_rate, out_rate)
     up, down = out_rate // g, in_rate // g
     fs_up = float(in_rate * up)
-    numtaps, beta = scipy.signal.kaiserord(atten_db, (stop_hz - pass_hz) / (fs_up / 2.0))
+    numtaps, beta = kaiserord(atten_db, (stop_hz - pass_hz) / (fs_up / 2.0))
     numtaps = int(numtaps) | 1  # odd: integer group delay, symmetric about the centre tap
     if numtaps > _MAX_TAPS:
         raise ValueError(f"unsupported rate pair {in_rate} -> {out_rate}: filter too long")
-    taps = scipy.signal.firwin(
-        numtaps, (pass_hz + stop_hz) / 2.0, window=("kaiser", float(beta)), fs=fs_up
-    )
-    taps = np.asarray(taps, dtype=np.float64) * up  # zero-stuffing by L divides the gain by L
+    taps = firwin_lowpass(numtaps, (pass_hz + stop_hz) / 2.0, beta, fs_up)
+    taps = taps * up  # zero-stuffing by L divides the gain by L
     delay = (numtaps - 1) // 2
 
     # Output j = qL + r uses input k = qM + i with weight taps[rM + delay - iL].

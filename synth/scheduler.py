@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -60,16 +61,21 @@ class PriorityExecutor:
         self._queue.put((priority, next(self._counter), (fn, fut, loop)))
         return fut
 
-    def shutdown(self, wait: bool = True) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for _ in self._threads:
-            # Highest possible priority value so queued work drains first.
-            self._queue.put((1 << 62, next(self._counter), _STOP))
-        if wait:
-            for t in self._threads:
-                t.join()
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """No more submissions; the pool threads end once the queue is drained (steps whose
+        future was cancelled are skipped).  ``wait``: join them, for at most ``timeout``
+        seconds in all; True when every thread has ended."""
+        if not self._closed:
+            self._closed = True
+            for _ in self._threads:
+                # Highest possible priority value so queued work drains first.
+                self._queue.put((1 << 62, next(self._counter), _STOP))
+        if not wait:
+            return not any(t.is_alive() for t in self._threads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        return not any(t.is_alive() for t in self._threads)
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:

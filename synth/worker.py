@@ -61,6 +61,8 @@ HEARTBEAT_S = 2.0
 CLAIM_ROUND_MAX_S = 0.25
 
 
+# How long a stopping worker waits for the engine steps already running on its pool threads.
+STOP_JOIN_S = 10.0
 # Executor priority of background warm-up steps: below first chunks (0) and later ones (1).
 WARM_PRIORITY = 2
 # A background warm-up step starts only after this long without any utterance in flight (and
@@ -367,7 +369,14 @@ class Worker:
                 r.cancel()
             if self._render_tasks:
                 await asyncio.gather(*self._render_tasks, return_exceptions=True)
-            executor.shutdown(wait=False)
+            # Wait for the steps still running: a pool thread inside the engine when the
+            # interpreter exits aborts the process (ONNX Runtime: "terminate called without an
+            # active exception", SIGABRT: measured on a SIGTERM during the background
+            # warm-up).  Queued steps were cancelled above and are skipped; a step is short.
+            if not await asyncio.to_thread(executor.shutdown, True, STOP_JOIN_S):
+                log.warning(
+                    "worker %s: engine steps still running after %.0f s", self.name, STOP_JOIN_S
+                )
             self._executor = None
 
     async def _bus_pause(self, what: str, exc: BusError) -> None:

@@ -221,3 +221,43 @@ def test_serve_starts_ready_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_while_the_background_renders_exits_cleanly(tmp_path: Path) -> None:
+    # A SIGTERM while a pool thread was inside the engine (background warm-up, prerender)
+    # aborted the process at exit: "terminate called without an active exception", rc -6.
+    # The prompts to prerender keep the background busy for seconds after ready.
+    prompts = ", ".join(
+        f'"Thank you for calling, this is prompt number {n} of the menu, please hold."'
+        for n in range(6)
+    )
+    cfg = tmp_path / "voxgate.toml"
+    cfg.write_text(f"[synth]\nprerender = [{prompts}]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+    for delay in (0.3, 0.6, 0.9):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "voxgate.cli", "serve", "--config", str(cfg),
+             "--sip-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            seen = ""
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                line = proc.stderr.readline()
+                if not line:
+                    break
+                seen += line
+                if " ready (engine=" in line:
+                    break
+            assert " ready (engine=" in seen, seen
+            time.sleep(delay)
+            proc.send_signal(signal.SIGTERM)
+            rest = proc.stderr.read()
+            assert proc.wait(30) == 0, rest[-2000:]
+            assert "terminate called" not in rest
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -29,7 +29,7 @@ tools:
 test: $(STAMP) redis tools
 	$(BIN)/ruff check gateway synth dsp voxgate tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/voxgate bench synth

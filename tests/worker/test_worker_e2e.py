@@ -216,7 +216,8 @@ def test_serve_starts_ready_and_stops_on_sigterm() -> None:
                 break
         assert " ready " in seen, seen
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        rest = proc.stderr.read()  # what it logged while stopping: the reason if it fails
+        assert proc.wait(20) == 0, rest[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -196,10 +196,12 @@ async def test_bad_requests_do_not_disturb_other_calls(bus: RedisBus, workers: W
     assert proc.poll() is None
 
 
-def test_serve_starts_ready_and_stops_on_sigterm() -> None:
+def _serve_then_sigterm(extra: list[str], ready: str, delay: float = 0.0) -> tuple[int, str]:
+    """Start ``voxgate serve`` (ports picked by the OS), wait for the stderr line holding
+    ``ready``, wait ``delay`` s, SIGTERM it: (exit status, what it logged while stopping)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "voxgate.cli", "serve", "--sip-listen", "127.0.0.1:0",
+        [sys.executable, "-m", "voxgate.cli", "serve", *extra, "--sip-listen", "127.0.0.1:0",
          "--http-listen", "127.0.0.1:0"], cwd=ROOT, env=env,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -212,16 +214,22 @@ def test_serve_starts_ready_and_stops_on_sigterm() -> None:
             if not line:
                 break
             seen += line
-            if " ready " in line:
+            if ready in line:
                 break
-        assert " ready " in seen, seen
+        assert ready in seen, seen
+        time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         rest = proc.stderr.read()  # what it logged while stopping: the reason if it fails
-        assert proc.wait(20) == 0, rest[-3000:]
+        return proc.wait(30), rest
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_starts_ready_and_stops_on_sigterm() -> None:
+    rc, rest = _serve_then_sigterm([], " ready ")
+    assert rc == 0, rest[-3000:]
 
 
 def test_sigterm_while_the_background_renders_exits_cleanly(tmp_path: Path) -> None:
@@ -234,31 +242,7 @@ def test_sigterm_while_the_background_renders_exits_cleanly(tmp_path: Path) -> N
     )
     cfg = tmp_path / "voxgate.toml"
     cfg.write_text(f"[synth]\nprerender = [{prompts}]\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
     for delay in (0.3, 0.6, 0.9):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "voxgate.cli", "serve", "--config", str(cfg),
-             "--sip-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
-            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            assert proc.stderr is not None
-            seen = ""
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                line = proc.stderr.readline()
-                if not line:
-                    break
-                seen += line
-                if " ready (engine=" in line:
-                    break
-            assert " ready (engine=" in seen, seen
-            time.sleep(delay)
-            proc.send_signal(signal.SIGTERM)
-            rest = proc.stderr.read()
-            assert proc.wait(30) == 0, rest[-2000:]
-            assert "terminate called" not in rest
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        rc, rest = _serve_then_sigterm(["--config", str(cfg)], " ready (engine=", delay)
+        assert rc == 0, rest[-3000:]
+        assert "terminate called" not in rest

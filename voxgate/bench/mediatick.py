@@ -11,7 +11,7 @@ syscalls or timer noise:
   handed to ``sendto``; the jitter buffer's frame handed to the call);
 - *arrival*: each echoed packet through ``RtpEndpoint._datagram`` (SRTP off, the latch, the
   jitter buffer's push and decode, ``Call.on_caller_packet``), as sipp's ``-rtp_echo`` sends it;
-- *detect*: the barge-in batch the manager flushes every 8 ms.
+- *detect*: the barge-in batches: the manager's timer and the calls' own pulls flush them.
 
 Workloads: ``speech`` (the agent talks the whole time, every detector runs on every frame, the
 worst case with barge-in on) and ``idle`` (nobody talks: the idle gate spares the detectors).
@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import heapq
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -116,6 +118,8 @@ class Options:
     workload: str = "speech"
     batched: bool = True
     srtp: bool = False
+    phase: str = "sipp"
+    batch_ms: float | None = None  # the manager's detector batch timer; None: its default
 
 
 def _on_audio(call: Any) -> Any:
@@ -138,6 +142,8 @@ async def _setup(opts: Options) -> tuple[Any, Any, list[Any], list[_NullTranspor
     loop = asyncio.get_running_loop()
     sim = SimLoop()
     manager = CallManager(MemoryBus(), None, bargein=BargeinSettings())
+    if opts.batch_ms is not None:
+        manager.detect_batch_s = opts.batch_ms / 1000.0
     try:
         ticker = MediaTicker(batched=opts.batched)  # type: ignore[call-arg]
     except TypeError:  # a tree from before the batched tick (a same-session baseline)
@@ -197,44 +203,74 @@ async def _run(opts: Options) -> dict[str, Any]:
     # since the last one before the agent's frame goes): timed apart, wherever it runs.
     flush = manager.flush_detection
     in_flush = [0.0]
+    flushes = 0
 
     def timed_flush() -> None:
+        nonlocal flushes
+        flushes += 1
         t0 = time.thread_time()
         flush()
         in_flush[0] += time.thread_time() - t0
 
-    manager.flush_detection = timed_flush
+    manager.flush_detection = timed_flush  # type: ignore[method-assign]
     gc.collect()
     gc.freeze()  # the gateway freezes its startup heap too (gateway.app)
-    next_flush = 0.0
     clock = time.thread_time
+    rng = np.random.default_rng(17)
+    # Where each phone's echo comes back: right after the send (sipp's -rtp_echo on loopback),
+    # or on the phone's own clock, a fixed offset per call anywhere in the 20 ms period (a
+    # real caller's packets keep their own phase against the gateway's ticks).
+    if opts.phase == "random":
+        offsets = [float(x) for x in rng.uniform(0.0, ROUND_S, len(endpoints))]
+    else:
+        offsets = [0.0] * len(endpoints)
+    pending: list[tuple[float, int, Any, bytes]] = []  # (arrival, order, endpoint, packet)
+    order = 0
+    flush_due: float | None = None  # the manager's batch timer, on the simulated clock
+    batch_s = float(getattr(manager, "detect_batch_s", 0.008))
     for _ in range(rounds):
         t_tick = t_arr = t_det = 0.0
         in_flush[0] = 0.0
         end = sim.now + ROUND_S
-        while sim.timer is not None and sim.timer[0] < end:
-            when, cb, handle = sim.timer
-            sim.timer = None
-            if handle.cancelled:
-                continue
-            sim.now = when + 0.0002  # timers fire a little late
-            c0 = clock()
-            f0 = in_flush[0]
-            cb()
-            t_tick += clock() - c0 - (in_flush[0] - f0)
-            # Preparing the echo is the phone's work, not the gateway's: not timed.
-            echoes = [(ep, _echo(tr)) for tr, ep in zip(transports, endpoints, strict=True)]
-            c1 = clock()
-            for ep, packets in echoes:
-                for data in packets:
+        while True:
+            # The next event in time: a ticker wake-up, a packet arriving, the batch timer.
+            t_timer = sim.timer[0] + 0.0002 if sim.timer is not None else math.inf
+            t_pkt = pending[0][0] if pending else math.inf
+            t_flush = flush_due if flush_due is not None else math.inf
+            t_next = min(t_timer, t_pkt, t_flush)
+            if t_next >= end:
+                break
+            if t_next == t_timer:
+                assert sim.timer is not None
+                _, cb, handle = sim.timer
+                sim.timer = None
+                if handle.cancelled:
+                    continue
+                sim.now = t_timer  # timers fire a little late
+                c0 = clock()
+                f0 = in_flush[0]
+                cb()
+                t_tick += clock() - c0 - (in_flush[0] - f0)
+                # Preparing the echo is the phone's work, not the gateway's: not timed.
+                for k, (tr, ep) in enumerate(zip(transports, endpoints, strict=True)):
+                    for data in _echo(tr):
+                        heapq.heappush(pending, (sim.now + offsets[k], order, ep, data))
+                        order += 1
+            elif t_next == t_pkt:
+                sim.now = max(sim.now, t_pkt)
+                c1 = clock()
+                while pending and pending[0][0] <= sim.now:
+                    _, _, ep, data = heapq.heappop(pending)
                     ep._datagram(data, peer)
-            c2 = clock()
-            if sim.now >= next_flush:
-                flush()  # the manager's 8 ms timer
-                next_flush = sim.now + 0.008
-            c3 = clock()
-            t_arr += c2 - c1
-            t_det += c3 - c2
+                t_arr += clock() - c1
+            else:
+                sim.now = max(sim.now, t_flush)
+                timed_flush()  # timed in in_flush, as the flushes inside a tick
+            # The manager arms its timer when the first call of a batch is staged.
+            if getattr(manager, "_flush", None) is not None and flush_due is None:
+                flush_due = sim.now + batch_s
+            elif getattr(manager, "_flush", None) is None:
+                flush_due = None
         sim.now = end
         t_det += in_flush[0]
         tick_us.append(t_tick * 1e6 / opts.calls)
@@ -263,12 +299,15 @@ async def _run(opts: Options) -> dict[str, Any]:
             "seconds": opts.seconds,
             "workload": opts.workload,
             "media_tick": "batched" if opts.batched else "per-call",
+            "echo_phase": opts.phase,
+            "detect_batch_ms": batch_s * 1000.0,
             "rounds": rounds - warm,
         },
         "stats": stats,
         "packets_sent": sent,
         "skipped_ticks": skipped,
         "calls_cut_short": barged,
+        "detector_batches_per_s": flushes / (rounds * ROUND_S),
         "ticker_error_ms": ticker.error.summary(),
     }
 
@@ -286,7 +325,8 @@ def format_report(r: dict[str, Any]) -> str:
     c = r["conditions"]
     lines = [
         f"media tick in process — {c['calls']} calls, {c['workload']}, {c['media_tick']}, "
-        f"{c['rounds']} rounds of 20 ms; {c['cpu']}, python {c['python']}",
+        f"echo phase {c['echo_phase']}, {c['rounds']} rounds of 20 ms; {c['cpu']}, "
+        f"python {c['python']}",
         f"  {'(µs of CPU)':34} {'p50':>8} {'p95':>8} {'p99':>8} {'mean':>8}",
     ]
     for key, label in (
@@ -302,7 +342,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(
         f"  = {r['stats']['pct_core_per_call_mean']:.3f} % of a core per call (without the "
         f"kernel's share: syscalls, epoll); {r['packets_sent']} packets, "
-        f"{r['skipped_ticks']} skipped ticks, {r['calls_cut_short']} barge-ins"
+        f"{r['skipped_ticks']} skipped ticks, {r['calls_cut_short']} barge-ins; "
+        f"{r['detector_batches_per_s']:.0f} detector batches/s (timer "
+        f"{c['detect_batch_ms']:.0f} ms)"
     )
     return "\n".join(lines)
 
@@ -315,9 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--batched", dest="batched", action="store_true", default=True)
     g.add_argument("--per-call", dest="batched", action="store_false")
+    p.add_argument(
+        "--phase",
+        choices=("sipp", "random"),
+        default="sipp",
+        help="the echo right after the send (sipp -rtp_echo) or on each phone's own clock",
+    )
+    p.add_argument("--batch-ms", type=float, default=None, help="detector batch timer")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    r = run(Options(a.calls, a.seconds, a.workload, a.batched))
+    r = run(Options(a.calls, a.seconds, a.workload, a.batched, phase=a.phase, batch_ms=a.batch_ms))
     print(json.dumps(r, indent=2) if a.json else format_report(r))
     return 0
 

@@ -660,9 +660,10 @@ class Call:
             if self.recorder is not None:  # the other party, in the agent's place
                 self.recorder.agent(at, pcm)
             return pcm
-        if self._staged and self._on_arrival:
-            # Caller packets that came in since the last tick are decided before this frame
-            # goes (not up to the batch timer later): a barge-in fades this very frame.
+        if self._staged and (det := self.detector) is not None and det.could_confirm:
+            # Caller frames staged since the last batch that could confirm a barge-in are
+            # decided before this frame goes (not up to the batch timer later): the fade
+            # starts on this very frame.  The batch takes every call's staged frames along.
             self.manager.flush_detection()
         pcm, events = self.playout.pull(n)
         if events:

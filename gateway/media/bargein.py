@@ -115,14 +115,20 @@ samples already covered is ignored.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import webrtcvad
+
+try:  # webrtcvad's C entry point: is_speech() is a Python wrapper around it (length checks)
+    import _webrtcvad
+except ImportError:  # pragma: no cover - every webrtcvad(-wheels) release ships it
+    _webrtcvad = None
 
 from voxgate.contract.config import BargeinSettings
 
@@ -308,6 +314,9 @@ class _Analyzer:
 
 
 Rows = npt.NDArray[np.intp] | slice
+
+
+_LAG_PM1 = np.array([-1, 0, 1], dtype=np.int64)
 
 
 def _rows(s: npt.NDArray[np.intp]) -> Rows:
@@ -557,17 +566,15 @@ class DetectorBank:
         far_lo, far_hi = self._spread(far_e)
         prior = self.gain_prior[ix]  # the learnt gain, at least the prior (linear)
         ceil = self.ceil_lag[ix]
-        cap = np.minimum(ceil * self.ceil_headroom, prior[:, None, :])
-        bound = (far_hi * cap).max(axis=1)
+        cap = ceil * self.ceil_headroom
+        np.minimum(cap, prior[:, None, :], out=cap)
+        bound = np.multiply(far_hi, cap, out=far_hi).max(axis=1)  # far_hi: not needed after
         tail_old = self.tail[ix]
         delay = self.delay[ix]
         trusted = delay >= 0
         gain = self.gain[ix]
         # Far energy at the trusted lag +-1 (rows without a trusted lag: unused).
-        lag_lo = np.maximum(delay - 1, 0)[:, None]
-        lag_hi = np.minimum(delay + 2, self.lags)[:, None]
-        near_lag = (self.lag_range >= lag_lo) & (self.lag_range < lag_hi)
-        ref = np.where(near_lag[:, :, None], far_e, 0.0).max(axis=1)
+        ref = self._lag_max(far_e, delay)
         learnt = ref * gain
         # While the learnt gain is still converging the ceiling is often the tighter one.
         expected = self._with_tail(
@@ -643,13 +650,22 @@ class DetectorBank:
                 )
                 learn &= (far_active & lag_now).any(axis=1)
                 if learn.any():
-                    ref = np.where(lag_now[:, :, None], far_e, 0.0).max(axis=1)
+                    ref = self._lag_max(far_e, delay_now)
                     r = np.flatnonzero(learn)
                     if r.size == n:
                         self._update_gain(s, ix, e, ref, noise)
                     else:
                         self._update_gain(s[r], _sub(s, ix, r, n), e[r], ref[r], noise[r])
         return evidence, clear_ev, strong_ev, share
+
+    def _lag_max(self, far_e: FloatArray, delay: npt.NDArray[np.int64]) -> FloatArray:
+        """Per row and band, the loudest far energy at lags ``delay - 1 .. delay + 1`` within
+        ``0 .. lags - 1`` (a row without a trusted lag, -1, reads lag 0).  Three gathered
+        lags instead of a mask over all of them: far energies are positive (floored), so the
+        clipped duplicates at the edges change no maximum."""
+        k = np.clip(delay[:, None] + _LAG_PM1, 0, self.lags - 1)
+        out: FloatArray = np.take_along_axis(far_e, k[:, :, None], axis=1).max(axis=1)
+        return out
 
     def _with_tail(self, expected: FloatArray, tail: FloatArray) -> FloatArray:
         # Non-linear echo paths (overdriven speakerphones, compressors) put harmonics of a loud
@@ -697,9 +713,15 @@ class DetectorBank:
         # Min-hold per lag and band of near (noise removed) over far, where the far end was
         # loud enough to tell; every ceiling rises slowly so that a path can get louder.
         echo = np.maximum(e - 2.0 * noise, _FLOOR)
-        ratio = np.maximum(echo[:, None, :] / far_lo, self.ceil_floor)
-        risen = np.minimum(ceil * self.ceil_rise, self.gain_prior_lin)
-        self.ceil_lag[ix] = np.where(far_lo > self.ceil_min_far, np.minimum(risen, ratio), risen)
+        ratio = np.divide(echo[:, None, :], far_lo)
+        np.maximum(ratio, self.ceil_floor, out=ratio)
+        risen = ceil * self.ceil_rise
+        np.minimum(risen, self.gain_prior_lin, out=risen)
+        # Where the far end was loud enough to tell: min(risen, ratio); elsewhere: risen.
+        loud = far_lo > self.ceil_min_far
+        np.minimum(ratio, risen, out=ratio, where=loud)
+        np.copyto(ratio, risen, where=~loud)
+        self.ceil_lag[ix] = ratio
 
     def _update_delay(
         self,
@@ -873,6 +895,7 @@ class BargeInDetector:
         self._slots = np.array([self._slot], dtype=np.intp)
         self._frame = frame = cfg.frame_samples
         self._vad = webrtcvad.Vad(cfg.aggressiveness)
+        self._speech: Callable[[bytes, int], bool] = _vad_speech(self._vad, cfg.rate)
         self._far_framer = _Framer(frame)
         self._near_framer = _Framer(frame)
         # Frames cut but not yet analysed (see stage_far/stage_near and run_batch).
@@ -937,6 +960,22 @@ class BargeInDetector:
         w = 10.0 ** (b.far_mean[s] / 10.0)
         g = 10.0 ** (b.gain_db[s] / 10.0)
         return float(-10.0 * math.log10(float(w @ g) / float(np.sum(w))))
+
+    @property
+    def could_confirm(self) -> bool:
+        """Whether the near frames staged now could confirm caller speech (a
+        :class:`VoiceStarted`) once analysed: the pending run's evidence plus the most that
+        every staged frame could add (a clear frame's ``need`` units) reaches the decision.
+
+        The media tick asks before it pulls a call's next frame: only then must the batch run
+        first, so that a barge-in fades that very frame.  Frames that cannot decide anything
+        (the first frame of a run, any frame while the caller is already speaking) wait for
+        the batch timer with the other calls' frames: the events are the same, only the
+        batches are fewer and fuller."""
+        if self._speaking or not self._near_q:
+            return False
+        units = self._run_units if self._run_onset >= 0 else 0
+        return units + len(self._near_q) * self._need >= self._need_units
 
     @property
     def idle(self) -> bool:
@@ -1022,6 +1061,17 @@ class BargeInDetector:
         return None
 
 
+def _vad_speech(vad: webrtcvad.Vad, rate: int) -> Callable[[bytes, int], bool]:
+    """``speech(pcm_bytes, samples)``: webrtcvad's verdict on one frame, as ``vad.is_speech``
+    gives it; bound to the C function when the module exposes it (the wrapper's Python frame
+    and length check cost as much as the VAD itself; run_batch cuts whole frames)."""
+    handle = getattr(vad, "_vad", None)
+    process = getattr(_webrtcvad, "process", None)
+    if handle is not None and process is not None:
+        return functools.partial(process, handle, rate)
+    return lambda buf, n: bool(vad.is_speech(buf, rate, n))
+
+
 def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
     """Analyse every frame staged on ``detectors`` (distinct, all of one bank), far frames
     first; returns each detector's events in order.
@@ -1040,7 +1090,8 @@ def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
         if d._closed:
             raise RuntimeError("run_batch: a closed detector")
     frame = bank.frame
-    # Far first: a near frame looks back at far frames of the same tick.
+    # Far first: a near frame looks back at far frames of the same tick.  The frames of a
+    # round become one block by one concatenate (np.stack would add a Python step per frame).
     while True:
         ready = [d for d in detectors if d._far_q]
         if not ready:
@@ -1049,7 +1100,7 @@ def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
         bank.add_far(
             np.array([d._slot for d in ready], dtype=np.intp),
             np.array([start // frame for start, _ in heads], dtype=np.int64),
-            np.stack([f for _, f in heads]),
+            np.concatenate([f for _, f in heads]).reshape(len(heads), frame),
         )
     while True:
         pos = [i for i, d in enumerate(detectors) if d._near_q]
@@ -1057,27 +1108,27 @@ def run_batch(detectors: Sequence[BargeInDetector]) -> list[list[VadEvent]]:
             break
         ready = [detectors[i] for i in pos]
         heads = [d._near_q.pop(0) for d in ready]
-        rate = bank.config.rate
-        vad = np.array(
-            [d._vad.is_speech(f.tobytes(), rate) for d, (_, f) in zip(ready, heads, strict=True)]
-        )
+        # The VAD reads each frame's bytes; the block is made from the same bytes.
+        raw = [f.tobytes() for _, f in heads]
+        vad_l = [d._speech(b, frame) for d, b in zip(ready, raw, strict=True)]
         evidence, clear, strong, share = bank.near(
             np.array([d._slot for d in ready], dtype=np.intp),
             np.array([start // frame for start, _ in heads], dtype=np.int64),
-            np.stack([f for _, f in heads]),
-            vad,
+            np.frombuffer(b"".join(raw), dtype=np.int16).reshape(len(heads), frame),
+            np.array(vad_l, dtype=np.bool_),
         )
-        ev_l, cl_l, st_l, sh_l, vad_l = (
+        ev_l, cl_l, st_l, sh_l = (
             evidence.tolist(),
             clear.tolist(),
             strong.tolist(),
             share.tolist(),
-            vad.tolist(),
         )
         for j, (i, d) in enumerate(zip(pos, ready, strict=True)):
-            start = heads[j][0]
             d.last_caller_share = sh_l[j]
             d.last_vad = vad_l[j]
+            if not ev_l[j] and d._run_onset < 0 and not d._speaking:
+                continue  # what _decide does with no evidence, no run and no speech: nothing
+            start = heads[j][0]
             ev = d._decide(ev_l[j], cl_l[j], st_l[j], start, start + frame)
             if ev is not None:
                 events[i].append(ev)

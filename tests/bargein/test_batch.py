@@ -98,3 +98,27 @@ def test_slots_are_reused_and_closed_detectors_refused() -> None:
         BargeInDetector(BargeInConfig(frame_ms=10), bank=bank)
     assert run_batch([]) == []
     del c
+
+
+@pytest.mark.parametrize("per_batch", [1, 2, 3])
+def test_could_confirm_is_never_false_before_a_confirmation(per_batch: int) -> None:
+    """The media tick runs the batch before a call's frame is pulled only when the call's
+    staged frames ``could_confirm`` caller speech; a False answer followed by a VoiceStarted
+    from those very frames would fade a packet late.  Frames staged one, two or three at a
+    time (the batch timer is not tied to one call's packets)."""
+    frame = CFG.frame_samples
+    confirmed = skipped = 0
+    for i in range(1, 8, 2):  # the scenes with a caller talking over the agent
+        near, far = scene(i)
+        det = BargeInDetector(CFG)
+        for s in range(0, near.size - per_batch * frame + 1, per_batch * frame):
+            det.stage_far(far[s : s + per_batch * frame], s)
+            det.stage_near(near[s : s + per_batch * frame], s)
+            could = det.could_confirm
+            events = run_batch([det])[0]
+            started = any(type(e).__name__ == "VoiceStarted" for e in events)
+            assert could or not started, f"scene {i} at sample {s}"
+            confirmed += started
+            skipped += not could
+    assert confirmed >= 3  # barge-ins happened (not vacuous) ...
+    assert skipped > confirmed  # ... and most batches could wait (the bound is not always True)

@@ -696,6 +696,13 @@ class Call:
         what plays the caller out in time: a bridged party and the recording."""
         self._on_arrival = True
 
+    def plays_caller_out(self) -> bool:
+        """Whether anything takes the caller's audio in playout time (:meth:`on_caller_audio`,
+        the jitter buffer's frames): a recording, a bridged party, or, on a leg that does not
+        feed on arrival, the detector and the agents' ears.  The SIP leg's jitter buffer
+        rests while it is False (``RtpEndpoint.playout_wanted``)."""
+        return not self._on_arrival or self.recorder is not None or self.bridge is not None
+
     def on_caller_packet(self, ts: int, pcm: npt.NDArray[np.int16]) -> None:
         """A caller packet's decoded audio the moment it arrives (``feed_on_arrival``), with
         its extended RTP timestamp; packets come in arrival order (a reordered late one is

@@ -67,6 +67,9 @@ class RtpEndpoint:
         # buffer's playout delay: for the barge-in detector and agents' ears.
         self.on_arrival: Callable[[int, Int16Array], None] | None = None
         self.on_dtmf: Callable[[DtmfDigit], None] | None = None
+        # Whether anything takes the caller's audio in playout time (on_audio's frames): while
+        # it says no, the batched tick neither fills nor pulls the jitter buffer (None: always).
+        self.playout_wanted: Callable[[], bool] | None = None
         self.send_errors = 0
         self.dropped_early = 0
         # SRTP (SDES) when negotiated: unprotect before the session parses, protect after the
@@ -115,11 +118,14 @@ class RtpEndpoint:
         on_audio: Callable[[JitterFrame], None] | None = None,
         on_arrival: Callable[[int, Int16Array], None] | None = None,
         on_dtmf: Callable[[DtmfDigit], None] | None = None,
+        playout_wanted: Callable[[], bool] | None = None,
         cn: bool = False,
     ) -> RtpSession:
         """Create (or, on a re-INVITE, update) the session from the negotiated parameters."""
         if on_audio is not None:
             self.on_audio = on_audio
+        if playout_wanted is not None:
+            self.playout_wanted = playout_wanted
         if on_arrival is not None:
             self.on_arrival = on_arrival
         if on_dtmf is not None:
@@ -191,13 +197,20 @@ class RtpEndpoint:
         session = self.session
         if session is None:
             return
-        frame = session.jitter.pull()
-        digits = session.dtmf.poll(now)
-        self._deliver(frame, digits)
+        jitter = session.jitter
+        wanted = self.playout_wanted
+        playing = wanted is None or wanted()
+        if playing != jitter.playing:
+            jitter.set_playing(playing)
+        if playing:
+            frame = jitter.pull()
+            self._deliver(frame, session.dtmf.poll(now))
+        elif digits := session.dtmf.poll(now):
+            self._deliver(None, digits)
 
-    def _deliver(self, frame: JitterFrame, digits: list[DtmfDigit]) -> None:
+    def _deliver(self, frame: JitterFrame | None, digits: list[DtmfDigit]) -> None:
         try:
-            if self.on_audio is not None:
+            if frame is not None and self.on_audio is not None:
                 self.on_audio(frame)
             if digits and self.on_dtmf is not None:
                 for d in digits:

@@ -163,6 +163,8 @@ class JitterBuffer:
         self._ssrc: int | None = None
         # The last push's audio on its RTP timeline, whatever playout does with it (see push).
         self.decoded: tuple[int, Int16Array] | None = None
+        # Whether push stores audio for pull (see set_playing).
+        self.playing = True
         self._reset_source()
 
     def set_payload_types(self, audio_pts: Mapping[int, str]) -> None:
@@ -194,6 +196,17 @@ class JitterBuffer:
     def _resync(self) -> None:
         self._resyncs += 1
         self._reset_playout()
+
+    def set_playing(self, on: bool) -> None:
+        """Whether pushed audio is stored for :meth:`pull`.  Off while nothing takes the
+        stream in playout time (the gateway: no recording and no bridged party, the barge-in
+        detector and the agents hear the caller on arrival): push still tracks the sequence,
+        counts, measures interarrival jitter and decodes (``decoded``), but stores nothing,
+        and pull is not called.  On again, playout primes afresh from the next packet (the
+        target delay: a recording or a bridge started mid-call begins ~40-60 ms later)."""
+        if on != self.playing:
+            self.playing = on
+            self._reset_playout()
 
     # -- input -----------------------------------------------------------------------------
     def push(self, pkt: RtpPacket, arrival: float) -> bool:
@@ -253,6 +266,8 @@ class JitterBuffer:
             d = abs(transit - self._last_transit)
             self._jitter += (d - self._jitter) / 16.0
         self._last_transit = transit
+        if not self.playing:
+            return False
 
         end = ext_ts + len(pcm)
         if self._play is not None:

@@ -294,3 +294,33 @@ def test_sipp_g711a_capture_through_the_buffer() -> None:
     s = jb.stats()
     assert s.lost == 0 and s.duplicate == 0
     assert np.array_equal(got, ref[: got.size]) and got.size >= ref.size - F
+
+
+def test_resting_buffer_counts_and_decodes_then_primes_afresh() -> None:
+    """set_playing(False): nothing stored (nobody pulls), but the statistics and ``decoded``
+    (the arrival path) go on; set_playing(True): playout primes from the next packet and
+    then plays it exactly."""
+    pcm = signal(60)
+    pkts = packets(pcm)
+    jb = JitterBuffer({0: "PCMU"}, target_ms=60)
+    for i, p in enumerate(pkts[:30]):
+        jb.push(p, i * 0.02)
+        if i == 5:
+            jb.set_playing(False)
+        if i >= 6:
+            assert jb.decoded is not None
+            assert np.array_equal(jb.decoded[1], ulaw_decode(p.payload))
+    assert jb.depth_samples == 0  # nothing held while resting
+    s = jb.stats()
+    assert (s.received, s.lost, s.late, s.duplicate) == (30, 0, 0, 0)
+    jb.set_playing(True)
+    frames = run(jb, on_time(pkts[30:]), 40)  # run() restarts its clock at 0
+    kinds = [f.kind for f in frames]
+    assert "audio" in kinds
+    first = kinds.index("audio")
+    assert set(kinds[:first]) <= {"silence"}  # primed afresh, no stale audio
+    assert frames[first].timestamp == pkts[30].timestamp
+    played = audio_of(frames)
+    ref = ulaw_decode(ulaw_encode(pcm))[30 * F :]
+    assert np.array_equal(played, ref[: played.size])
+    assert jb.stats().received == 60

@@ -131,6 +131,12 @@ def _on_audio(call: Any) -> Any:
     return deliver
 
 
+def _playout(call: Any) -> dict[str, Any]:
+    """The SIP leg's playout question (gateway.legs.sip.ua), where the tree has it."""
+    wanted = getattr(call, "plays_caller_out", None)
+    return {} if wanted is None else {"playout_wanted": wanted}
+
+
 async def _setup(opts: Options) -> tuple[Any, Any, list[Any], list[_NullTransport], SimLoop]:
     from gateway import sdp
     from gateway.call.manager import CallManager
@@ -166,6 +172,7 @@ async def _setup(opts: Options) -> tuple[Any, Any, list[Any], list[_NullTranspor
             params,
             on_audio=_on_audio(call),
             on_arrival=call.on_caller_packet,
+            **_playout(call),
         )
         attach_source(ep, call)
         call.set_codec(params.codec)

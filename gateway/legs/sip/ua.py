@@ -593,6 +593,7 @@ class SipUA:
             on_dtmf=lambda d: call.on_dtmf(d.digit, d.duration_ms),
             on_audio=lambda frame: call.on_caller_audio(frame.pcm),
             on_arrival=call.on_caller_packet if on_arrival else None,
+            playout_wanted=call.plays_caller_out,
         )
         attach_source(leg.endpoint, call)
         call.set_codec(params.codec)

@@ -18,6 +18,7 @@ from gateway import sdp
 from gateway.call.manager import CallManager
 from gateway.legs.sip.ua import attach_source
 from gateway.rtp.endpoint import RtpEndpoint
+from gateway.rtp.jitter import JitterFrame
 from voxgate.contract.bus.memory import MemoryBus
 from voxgate.contract.config import BargeinSettings
 
@@ -71,9 +72,14 @@ async def test_the_buffer_rests_until_a_recording_takes_the_callers_audio() -> N
         original(ts, pcm)
 
     played: list[Int16Array] = []
+
+    def on_audio(frame: JitterFrame) -> None:
+        played.append(frame.pcm)
+        call.on_caller_audio(frame.pcm)
+
     session = ep.configure(
         params,
-        on_audio=lambda f: (played.append(f.pcm), call.on_caller_audio(f.pcm)),
+        on_audio=on_audio,
         on_arrival=on_packet,
         playout_wanted=call.plays_caller_out,
     )

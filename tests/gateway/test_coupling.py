@@ -38,7 +38,8 @@ def test_idle_only_after_the_echo_tail_and_on_quiet_frames() -> None:
     assert m.idle(N + tail + 1, quiet)
     assert not m.idle(N + tail + 1, np.full(N, QUIET_PEAK, np.int16))  # the caller is there
     assert m.idle(N + tail + 1, -quiet)
-    assert not m.idle(N + tail + 1, np.full(N, -QUIET_PEAK, np.int16))
+    assert m.idle(N + tail + 1, np.full(N, -QUIET_PEAK, np.int16))  # [-QUIET_PEAK, QUIET_PEAK)
+    assert not m.idle(N + tail + 1, np.full(N, -QUIET_PEAK - 1, np.int16))
     assert m.idle(N + tail + 1, np.zeros(0, np.int16))  # no samples: nothing to decide
     # A lone full-scale negative sample is no quiet frame (abs(-32768) wraps in int16).
     peak = np.zeros(N, np.int16)
@@ -46,15 +47,21 @@ def test_idle_only_after_the_echo_tail_and_on_quiet_frames() -> None:
     assert not m.idle(N + tail + 1, peak)
 
 
-def test_idle_gate_equals_its_abs_peak_definition() -> None:
-    # The gate reads both extremes; the definition is max |x| < QUIET_PEAK over the frame.
+def test_idle_gate_equals_its_range_definition() -> None:
+    # The gate reads the samples' high bytes; the definition is every sample in
+    # [-QUIET_PEAK, QUIET_PEAK) over the frame.
     m = MediaCoupling(RATE, keep_far=True)
     rng = np.random.default_rng(5)
-    for scale in (1, 50, 150, 199, 200, 201, 400, 30000):
+    for scale in (1, 50, 150, 199, 200, 201, 255, 256, 257, 400, 30000):
         for _ in range(20):
-            pcm = np.clip(rng.normal(0, scale, N), -32768, 32767).astype(np.int16)
-            peak = int(np.max(np.abs(pcm.astype(np.int32))))
-            assert m.idle(10**6, pcm) == (peak < QUIET_PEAK)
+            pcm = np.clip(rng.normal(0, scale / 2.5, N), -32768, 32767).astype(np.int16)
+            want = bool(np.all((pcm >= -QUIET_PEAK) & (pcm < QUIET_PEAK)))
+            assert m.idle(10**6, pcm) == want
+    for edge in (-QUIET_PEAK - 1, -QUIET_PEAK, QUIET_PEAK - 1, QUIET_PEAK, -32768, 32767):
+        one = np.zeros(N, np.int16)
+        one[N - 1] = edge
+        assert m.idle(10**6, one) == (-QUIET_PEAK <= edge < QUIET_PEAK), edge
+    assert m.idle(10**6, np.arange(-QUIET_PEAK, QUIET_PEAK, dtype=np.int16))
 
 
 def test_without_a_detector_no_agent_frame_is_kept() -> None:

@@ -60,6 +60,10 @@ class RtpPacket:
         if len(data) < HEADER_SIZE:
             raise RtpError("RTP packet length is less than 12 bytes")
         b0, b1, seq, ts, ssrc = _HEADER.unpack_from(data)
+        if b0 == 0x80:
+            # The common packet (V=2; no padding, extension or CSRC): the payload is the rest.
+            # Positional and without the checks below, as it comes ~50 times a second a call.
+            return cls(b1 & 0x7F, b1 > 0x7F, seq, ts, ssrc, bytes(data[HEADER_SIZE:]))
         if b0 >> 6 != RTP_VERSION:
             raise RtpError("RTP packet has invalid version")
         cc = b0 & 0x0F

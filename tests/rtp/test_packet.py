@@ -149,3 +149,24 @@ def test_random_initial_values_vary() -> None:
     assert len({random_ssrc() for _ in range(20)}) > 15
     assert all(0 <= random_sequence() < 65536 for _ in range(50))
     assert all(0 <= random_timestamp() < 2**32 for _ in range(50))
+
+
+def test_the_common_packet_fast_path_reads_every_field() -> None:
+    """V=2 with no padding, extension or CSRC (first octet 0x80) skips the general parser:
+    every field as the header says, and the bytes round-trip."""
+    import random
+
+    rnd = random.Random(3)
+    for _ in range(200):
+        pt, marker = rnd.randrange(128), rnd.random() < 0.5
+        seq, ts, ssrc = rnd.randrange(1 << 16), rnd.randrange(1 << 32), rnd.randrange(1 << 32)
+        payload = rnd.randbytes(rnd.choice((0, 1, 160, 320)))
+        data = bytes([0x80, pt | (0x80 if marker else 0)])
+        data += seq.to_bytes(2, "big") + ts.to_bytes(4, "big") + ssrc.to_bytes(4, "big")
+        p = RtpPacket.parse(data + payload)
+        assert (p.payload_type, p.marker, p.sequence_number, p.timestamp, p.ssrc) == (
+            pt, marker, seq, ts, ssrc,
+        )  # fmt: skip
+        assert type(p.marker) is bool and type(p.payload) is bytes
+        assert p.payload == payload and p.csrc == [] and not p.extension and not p.padding
+        assert bytes(p) == data + payload

@@ -434,12 +434,13 @@ class GatewayMetrics:
             yield CounterMetricFamily(name, doc, value=bridge.get(key, 0.0))
         yield GaugeMetricFamily(
             "voxgate_jitter_buffer_depth_seconds",
-            "Mean inbound jitter-buffer depth over the calls up now",
+            "Mean inbound jitter-buffer depth over the calls up now that play the caller out "
+            "(recorded or bridged; agents hear on arrival, so a plain call's buffer rests)",
             value=sum(depths) / len(depths) if depths else 0.0,
         )
         yield GaugeMetricFamily(
             "voxgate_jitter_buffer_depth_max_seconds",
-            "Deepest inbound jitter buffer among the calls up now",
+            "Deepest inbound jitter buffer among the calls up now that play the caller out",
             value=max(depths, default=0.0),
         )
         if self._sip_refused is not None and self._sip_transactions is not None:

@@ -160,12 +160,14 @@ class RtpSession:
     def media_stats(self) -> dict[str, float]:
         """The few counters ``/metrics`` aggregates over calls (see ``gateway.metrics``)."""
         j = self.jitter.stats()
-        return {
+        out = {
             "packets_received": float(j.received),
             "packets_lost": float(max(j.lost, 0)),  # RFC 3550 loss goes negative on duplicates
             "late_sends": float(self.pacer.late_sends),
-            "jitter_buffer_ms": float(j.depth_ms),
         }
+        if self.jitter.playing:  # a resting buffer delays nothing (JitterBuffer.set_playing)
+            out["jitter_buffer_ms"] = float(j.depth_ms)
+        return out
 
     def stats(self) -> dict[str, Any]:
         j = self.jitter.stats()

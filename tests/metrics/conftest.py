@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -72,8 +73,10 @@ class MetricsGateway:
 
 
 @pytest.fixture
-async def metrics_gateway() -> AsyncIterator[MetricsGateway]:
+async def metrics_gateway(tmp_path: Path) -> AsyncIterator[MetricsGateway]:
     overrides = {
+        # Recording on request (POST /api/calls/{id}/recordings): it fills the jitter buffer.
+        "recording.dir": str(tmp_path / "recordings"),
         # /metrics must stay open when the control API needs a token.
         "gateway.api_token": TOKEN,
         "gateway.rtp_port_min": 32000,

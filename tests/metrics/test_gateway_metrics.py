@@ -70,7 +70,23 @@ async def test_a_call_moves_the_metrics(metrics_gateway: MetricsGateway) -> None
         ttfa = during.get("voxgate_time_to_first_audio_seconds_sum")
         assert 0 < ttfa < 5 * during.get("voxgate_time_to_first_audio_seconds_count")
         assert during.get("voxgate_worker_time_to_first_chunk_seconds_count") >= 1
-        assert during.get("voxgate_jitter_buffer_depth_seconds") > 0
+        # Nothing plays the caller out (no recording, no bridge; the agent hears each packet
+        # on arrival): the jitter buffer rests and the depth gauges leave the call out ...
+        assert during.get("voxgate_jitter_buffer_depth_seconds") == 0
+        # ... until a recording takes the caller's audio in playout time.
+        (call_id,) = list(metrics_gateway.gw.manager.calls)
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                f"{metrics_gateway.http}/api/calls/{call_id}/recordings",
+                json={},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as r,
+        ):
+            assert r.status in (200, 201), await r.text()
+        recorded = await wait_for(url, lambda s: s.get("voxgate_jitter_buffer_depth_seconds") > 0)
+        assert recorded.get("voxgate_jitter_buffer_depth_seconds") > 0
+        assert recorded.get("voxgate_jitter_buffer_depth_max_seconds") > 0
         # Let the greeting finish, then hang up from the phone.
         await call.media.wait_for_quiet(quiet_s=0.5, threshold=30.0, timeout=15)
         received_live = during.get("voxgate_rtp_packets_received_total", leg="sip")

@@ -230,6 +230,9 @@ async def test_baresip_registers_and_is_called_by_its_aor(gw: GatewayProc, tmp_p
         await asyncio.sleep(2.0)
         await asyncio.to_thread(_delete_call, gw, cid)
         await feed.wait_for("call.state", call_id=cid, state="ended", timeout=10)
+        # Let baresip exit by its own -t timer: killed, it leaves the dump's RIFF header
+        # unfinished (sizes 0), and the recording cannot be read.
+        await asyncio.wait_for(proc.wait(), 15)
     text = log.read_text(errors="replace")
     assert "Call established" in text, text[-3000:]
     assert "incoming rtp for 'audio' established" in text, text[-3000:]

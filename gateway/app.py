@@ -27,6 +27,7 @@ from gateway.media.recording import Recordings
 from gateway.metrics import GatewayMetrics
 from gateway.readiness import WorkerReadiness
 from gateway.rtp.endpoint import MediaTicker
+from gateway.rtp.timerfd import TimerFd
 from gateway.sip import parse_uri
 from gateway.sip.events import SipEvent
 from voxgate.contract.bus.base import Bus
@@ -53,7 +54,9 @@ class Gateway:
         # Call recording: one writer thread for every call's WAV (gateway.media.recording).
         self.recordings = Recordings(cfg.recording)
         self.manager.recordings = self.recordings
-        self.ticker = MediaTicker()
+        if cfg.gateway.media_timer == "timerfd" and not TimerFd.available():
+            raise ConfigError("gateway.media_timer: 'timerfd' needs Linux's timerfd; use 'auto'")
+        self.ticker = MediaTicker(timer=cfg.gateway.media_timer)
         self.readiness = WorkerReadiness(bus)
         self.ua = SipUA(cfg.gateway, self.manager, self.ticker, self.readiness)
         # Browser calls run at the worker's wideband rate (no telephone band limit).

@@ -34,6 +34,7 @@ from gateway.rtp.latch import Addr
 from gateway.rtp.pacer import Pacer, Ticker
 from gateway.rtp.session import JitterConfig, RtpSession, TickResult
 from gateway.rtp.srtp import SrtpContext, srtp_for
+from gateway.rtp.timerfd import TimerFd
 from gateway.sdp import MediaParams
 
 DEFAULT_PORT_RANGE = (10000, 20000)
@@ -252,8 +253,18 @@ class MediaTicker:
     :attr:`clock`: ``time.monotonic`` where the loop's clock is on that base (asyncio's own loop;
     uvloop, whose ``loop.time()`` is libuv's ``uv_now``, CLOCK_MONOTONIC truncated to whole
     milliseconds, which would report an error of 0.0-0.99 ms as 0 and 2.0-2.99 ms as 2),
-    else the loop's ``time`` (a simulated loop).  Scheduling itself stays on ``loop.time()``.
+    else the loop's ``time`` (a simulated loop).
+
+    ``timer``: what wakes the ticker. ``"timerfd"``: a Linux timerfd armed at the due time on
+    CLOCK_MONOTONIC (:mod:`gateway.rtp.timerfd`), watched by the loop like a socket: it wakes
+    within ~0.1 ms, where ``loop.call_at`` under uvloop wakes 0-1 ms late (libuv's
+    millisecond clock and ``epoll`` timeout), which every packet of the wake-up carries.
+    ``"loop"``: ``loop.call_at``. ``"auto"`` (the default): the timerfd where the loop's clock
+    is CLOCK_MONOTONIC (a real loop on Linux), else the loop's timer (a simulated loop keeps
+    its own time). :attr:`timer_kind` says which one runs, once the first call is added.
     """
+
+    TIMERS = ("auto", "timerfd", "loop")
 
     def __init__(
         self,
@@ -262,8 +273,14 @@ class MediaTicker:
         slack: float = 0.001,
         period: float = 0.02,
         batched: bool = True,
+        timer: str = "auto",
     ) -> None:
+        if timer not in self.TIMERS:
+            raise ValueError(f"timer must be one of {self.TIMERS}, got {timer!r}")
         self._ticker: Ticker[RtpEndpoint] = Ticker(align=align, slack=slack, period=period)
+        self._timer = timer
+        self._tfd: TimerFd | None = None
+        self.timer_kind = ""  # "timerfd" or "loop", chosen at the first add
         self._handle: asyncio.TimerHandle | None = None
         self._armed_at: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -295,16 +312,54 @@ class MediaTicker:
         loop = self._loop = asyncio.get_running_loop()
         if self.clock is None:
             self.clock = self._precise_clock(loop)
+        if not self.timer_kind:
+            self._choose_timer(loop)
         at = self._ticker.add(endpoint, loop.time())
         self._arm()
         return at
 
     def remove(self, endpoint: RtpEndpoint) -> None:
         self._ticker.remove(endpoint)
+        if self._tfd is not None and not len(self._ticker):
+            self._release_timerfd()  # idle: no fd held (the soak counts them), made again
         self._arm()
+
+    def _choose_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        tfd = None
+        if self._timer != "loop" and self.clock is time.monotonic:
+            tfd = TimerFd.create()
+        if tfd is None and self._timer == "timerfd":
+            raise RuntimeError(
+                "media timer 'timerfd' needs Linux and a loop on CLOCK_MONOTONIC; use 'auto'"
+            )
+        if tfd is not None:
+            try:
+                loop.add_reader(tfd.fileno(), self._on_timerfd)
+            except (NotImplementedError, RuntimeError):
+                tfd.close()
+                tfd = None
+        self._tfd = tfd
+        self.timer_kind = "timerfd" if tfd is not None else "loop"
+
+    def _on_timerfd(self) -> None:
+        if self._tfd is None or not self._tfd.clear():
+            return  # a wake-up for an expiry already consumed, or after close
+        self._armed_at = None
+        self._wake()
 
     def _arm(self) -> None:
         due = self._ticker.next_due()
+        tfd = self._tfd
+        if tfd is not None:
+            if due == self._armed_at:
+                return
+            if due is None or self._loop is None:
+                tfd.disarm()
+                self._armed_at = None
+            else:
+                tfd.arm_at(due)  # loop.time()'s base is CLOCK_MONOTONIC (_choose_timer)
+                self._armed_at = due
+            return
         if due is not None and due == self._armed_at and self._handle is not None:
             return
         if self._handle is not None:
@@ -323,6 +378,10 @@ class MediaTicker:
         now = self._loop.time()
         clock = self.clock or self._loop.time
         started = clock()
+        if self._tfd is not None:
+            # Woken on CLOCK_MONOTONIC at the due time; uv_now may still read the millisecond
+            # before it, which would leave the due calls off this wake-up (and re-arm at once).
+            now = max(now, started)
         items = self._ticker.pop_due(now)
         try:
             if self.batched:
@@ -340,10 +399,11 @@ class MediaTicker:
         clock = self.clock or loop_time
         ticker = self._ticker
         errors: list[float] = []
+        precise = self._tfd is not None  # see _wake
         for ep in items:
             if not ticker.is_member(ep):
                 continue  # removed by an earlier call's tick
-            t = loop_time()
+            t = max(loop_time(), clock()) if precise else loop_time()
             errors.append(clock() - ep.next_due)
             try:
                 ep.tick(t)
@@ -397,3 +457,13 @@ class MediaTicker:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._release_timerfd()
+
+    def _release_timerfd(self) -> None:
+        if self._tfd is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._tfd.fileno())
+            self._tfd.close()
+            self._tfd = None
+            self._armed_at = None
+        self.timer_kind = ""  # chosen again when a call is added

@@ -51,6 +51,7 @@ def test_bench_calls_quick_json() -> None:
     _pct(ticker)
     assert ticker["n"] > 100  # 6 calls x 50 packets/s over the plateau
     assert ticker["p50"] < 20.0  # sane: well within one packet time
+    assert r["pacing"]["ticker_timer"] == "timerfd"  # gateway.media_timer "auto" on Linux
     # Stall attribution: the collector's pauses and the loop thread's wait for a CPU.
     gcp = r["pacing"]["gc_pauses"]
     assert len(gcp["collections_by_generation"]) == 3

@@ -247,6 +247,7 @@ async def _dump_stats(gw: Any, path: Path) -> None:
                     "wakeups": gw.ticker.wakeups,
                     "batch_max_ms": gw.ticker.batch_max_s * 1000.0,
                     "scheduled": len(gw.ticker),
+                    "timer": gw.ticker.timer_kind,
                 },
                 "calls": per_call,
                 "gc": gc_rec.snapshot(),
@@ -738,6 +739,8 @@ def _report(
                 "source": "kernel arrival vs the stream's 20 ms grid, sample calls, whole call",
             },
             "ticker_batch_max_ms": stats_b.get("ticker", {}).get("batch_max_ms"),
+            # What woke the ticker (gateway.media_timer): "timerfd" or "loop".
+            "ticker_timer": stats_b.get("ticker", {}).get("timer"),
             "skipped_ticks_total": sum(skipped),
             # What a stall of the ticker can come from besides its own work: the collector
             # (its pauses on the loop thread) and the scheduler (the thread runnable, waiting).
@@ -861,7 +864,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"{p['skipped_ticks_total']} skipped ticks (pacing stalls); receiver: "
         f"{u['receiver_seq_gaps']} seq gaps, {u['receiver_skipped_frames']} skipped frames"
         f"   [{mark('underruns')}]",
-        f"  ticker longest wake-up: {fmt(p['ticker_batch_max_ms'], '.2f')} ms; collector pauses "
+        f"  ticker ({p.get('ticker_timer') or '?'} timer) longest wake-up: "
+        f"{fmt(p['ticker_batch_max_ms'], '.2f')} ms; collector pauses "
         f"max {fmt(p['gc_pauses'].get('max_ms'), '.1f')} ms, "
         f"{p['gc_pauses'].get('pauses_ge_20_ms', '-')} of 20 ms or more; event loop runnable but "
         f"waiting {fmt(p['event_loop_sched'].get('runqueue_wait_pct'))} % of the plateau",

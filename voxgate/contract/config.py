@@ -222,6 +222,11 @@ class GatewayConfig:
     rtp_port_max: int = 20000
     # Calls above this get 503 with Retry-After.
     max_calls: int = 200
+    # What wakes the media ticker that paces every call's RTP: "timerfd" (Linux: a kernel
+    # timer at the packet's due time, within ~0.1 ms), "loop" (the event loop's own timer:
+    # under uvloop 0-1 ms late, its clock and epoll timeout being whole milliseconds) or
+    # "auto" (timerfd where available).
+    media_timer: str = "auto"
     # Outbound calls go through this trunk (sip:host[:port]); empty: straight to the To URI.
     trunk: str = ""
     trunk_username: str = ""
@@ -332,6 +337,7 @@ class GatewayConfig:
             )
         _validate_access(self)
         _choice("gateway.limit_action", self.limit_action, ("reject", "drop"))
+        _choice("gateway.media_timer", self.media_timer, ("auto", "timerfd", "loop"))
         if not 0 <= self.limit_retry_after_s <= 3600:
             raise ConfigError(
                 f"gateway.limit_retry_after_s: must be 0-3600, got {self.limit_retry_after_s}"

@@ -21,9 +21,9 @@ from aiohttp.test_utils import TestServer
 
 from gateway.call.control import AgentError, AgentTurn, BargeIn, Transcript
 from gateway.stt.base import SpeechToText, to_stt_rate
+from gateway.stt.wer import words
 from synth.engines.base import Engine
 from tests.gateway_e2e.test_bargein import caller_speech
-from tests.stt.test_whisper import words
 from voxgate.bench.localgw import local_gateway
 from voxgate.bench.mock_llm import MockLlm, Script
 from voxgate.bench.sipclient import ClientCall, SipClient

@@ -25,9 +25,9 @@ from gateway.stt.segmenter import (
     SpeechSegmenter,
 )
 from gateway.stt.stream import StreamingTranscriber
+from gateway.stt.wer import edit_distance, words
 from gateway.stt.whisper import WhisperStt
 from synth.engines import load_engine
-from tests.stt.test_whisper import edit_distance, words
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,6 @@ tampered model is refused; ``voxgate transcribe`` prints what it hears."""
 from __future__ import annotations
 
 import functools
-import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from dsp.g711 import ulaw_decode, ulaw_encode
 from dsp.pcm import float_to_s16
 from dsp.telephone import telephone
 from gateway.stt.base import to_stt_rate
+from gateway.stt.wer import edit_distance, words
 from gateway.stt.whisper import SttUnavailable, WhisperStt, model_dir
 from synth.engines import load_engine
 
@@ -72,20 +72,6 @@ def phone_call_audio(text: str) -> np.ndarray:
     engine = load_engine("onnx")
     x = telephone(engine.synthesize(text), engine.sample_rate)
     return ulaw_decode(ulaw_encode(float_to_s16(x)))
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]+", " ", text.lower()).split()
-
-
-def edit_distance(a: list[str], b: list[str]) -> int:
-    prev = list(range(len(b) + 1))
-    for i, wa in enumerate(a, 1):
-        cur = [i]
-        for j, wb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (wa != wb)))
-        prev = cur
-    return prev[-1]
 
 
 def test_word_error_rate_on_8khz_g711_calls() -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 import time
@@ -127,24 +126,11 @@ def _snr_db(ref: npt.NDArray[Any], test: npt.NDArray[Any]) -> float:
     return float("inf") if noise == 0 else 10.0 * float(np.log10((r**2).sum() / noise))
 
 
-def _words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]+", " ", text.lower()).split()
-
-
-def _edits(a: list[str], b: list[str]) -> int:
-    prev = list(range(len(b) + 1))
-    for i, wa in enumerate(a, 1):
-        cur = [i]
-        for j, wb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (wa != wb)))
-        prev = cur
-    return prev[-1]
-
-
 def _wer(texts: tuple[str, ...], calls: list[npt.NDArray[np.float32]], rate: int) -> float:
     from dsp.g711 import ulaw_decode, ulaw_encode
     from dsp.pcm import float_to_s16
     from gateway.stt.base import to_stt_rate
+    from gateway.stt.wer import edit_distance, words
     from gateway.stt.whisper import WhisperStt
 
     stt = WhisperStt()
@@ -152,8 +138,8 @@ def _wer(texts: tuple[str, ...], calls: list[npt.NDArray[np.float32]], rate: int
     for text, x in zip(texts, calls, strict=True):
         pcm = ulaw_decode(ulaw_encode(float_to_s16(x)))
         hyp = stt.transcribe(to_stt_rate(pcm, rate)).text
-        errors += _edits(_words(text), _words(hyp))
-        total += len(_words(text))
+        errors += edit_distance(words(text), words(hyp))
+        total += len(words(text))
     return errors / total
 
 

@@ -172,9 +172,12 @@ async def run_gateway(cfg: Config, *, companion: Companion | None = None) -> int
     task: asyncio.Task[None] | None = None
     gw = Gateway(cfg, bus)
     try:
+        # The gateway listens first: while a companion worker loads its engine (seconds on a
+        # cold graph cache), SIP OPTIONS and INVITE get 503 with Retry-After and /readyz 503,
+        # where a port that does not answer yet would look like a dead host to a dispatcher.
+        await gw.start()
         if companion is not None:
             task = await companion(gw, stop)
-        await gw.start()
         # Everything loaded so far (models, tables, the codebase) lives as long as the process:
         # out of the collector's reach, a full collection no longer walks it and stalls the
         # media ticker for hundreds of ms (a gen-2 pass over a heap with the speech models).

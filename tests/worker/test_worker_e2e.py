@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REDIS_URL
+from voxgate.bench.localgw import free_port
 from voxgate.contract.bus.redis_bus import RedisBus
 from voxgate.contract.bus.schema import (
     AudioChunk,
@@ -246,3 +248,66 @@ def test_sigterm_while_the_background_renders_exits_cleanly(tmp_path: Path) -> N
         rc, rest = _serve_then_sigterm(["--config", str(cfg)], " ready (engine=", delay)
         assert rc == 0, rest[-3000:]
         assert "terminate called" not in rest
+
+
+def _options(sip_port: int, sock: socket.socket) -> str:
+    """One SIP OPTIONS (RFC 3261 §11) from ``sock``: the status line and any Retry-After, or
+    "" without an answer within 0.3 s."""
+    branch = "z9hG4bK" + uuid.uuid4().hex[:12]
+    port = sock.getsockname()[1]
+    msg = (
+        f"OPTIONS sip:127.0.0.1:{sip_port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:{port};branch={branch};rport\r\nMax-Forwards: 70\r\n"
+        f"From: <sip:probe@127.0.0.1>;tag=p1\r\nTo: <sip:127.0.0.1:{sip_port}>\r\n"
+        f"Call-ID: {uuid.uuid4().hex}\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+    )
+    sock.sendto(msg.encode(), ("127.0.0.1", sip_port))
+    try:
+        lines = sock.recv(4096).decode(errors="replace").split("\r\n")
+    except TimeoutError:
+        return ""
+    retry = [v for v in lines if v.lower().startswith("retry-after:")]
+    return " | ".join([lines[0], *retry])
+
+
+def test_serve_answers_503_on_sip_while_its_engine_loads(tmp_path: Path) -> None:
+    # A cold graph cache: the engine splits and optimises the voice's graph (seconds). The
+    # gateway listens first and says "not yet" (503 + Retry-After) the whole time; it used to
+    # load the engine first, and its SIP port answered nothing until then.
+    sip_port = free_port(both=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOXGATE_")}
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "voxgate.cli", "serve", "--sip-listen",
+             f"127.0.0.1:{sip_port}", "--http-listen", "127.0.0.1:0", "--worker-http-listen", "",
+             "--synth-graph-cache-dir", str(tmp_path / "graphs")], cwd=ROOT, env=env, stderr=err,
+        )  # fmt: skip
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.3)
+    answers: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+            answers and answers[-1].startswith("SIP/2.0 200")
+        ):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            if answer := _options(sip_port, sock):
+                answers.append(answer)
+            else:
+                time.sleep(0.1)
+        text = log.read_text()
+        assert answers and "200" in answers[-1][:12], (answers, text[-3000:])
+        # Listening before the engine was loaded, not after (the log's order, not timing):
+        assert text.index("SIP listening") < text.index("onnx engine: voice"), text[-3000:]
+        unready = [a for a in answers if a.startswith("SIP/2.0 503")]
+        assert unready and all("Retry-After:" in a for a in unready), answers
+        assert set(answers) <= {*unready, answers[-1]}, answers  # 503s, then 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -336,6 +336,8 @@ class MediaTicker:
             try:
                 loop.add_reader(tfd.fileno(), self._on_timerfd)
             except (NotImplementedError, RuntimeError):
+                # A loop that cannot watch an fd (a proactor loop raises NotImplementedError,
+                # a closing one RuntimeError) keeps its own timer: "auto" never fails a call.
                 tfd.close()
                 tfd = None
         self._tfd = tfd

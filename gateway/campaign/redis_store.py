@@ -6,6 +6,7 @@ Layout under ``{prefix}:campaign:{id}`` (``B`` below):
   ``f:<outcome>`` (contacts whose final outcome it is);
 - ``B:due`` — sorted set of pending contact indexes scored by ``next_attempt_at``;
 - ``B:claimed`` — sorted set of claimed indexes scored by lease expiry;
+- ``B:dialers`` — hash: owner → when it last asked for a claim (for the fair share);
 - ``B:k:<i>`` — hash per contact: ``to``, ``vars``, ``next_at``, ``final``, ``owner``,
   ``started``; ``B:k:<i>:a`` — list of its attempts (JSON).
 - ``{prefix}:campaigns`` — set of campaign ids.
@@ -101,9 +102,10 @@ end
 # KEYS[1]=B; ARGV: now, owner (or ''), reason
 _RECOVER_SCRIPT = _DONE + _RECOVER + "return recover(KEYS[1], ARGV[1], ARGV[2], ARGV[3])"
 
-# KEYS[1]=B; ARGV: owner, now, lease_until, reason, min_interval_s, max_in_flight ('' = none).
-# Returns the index, or -1 not running, -2 none due, -3 unknown campaign, -4 too early (cps or a
-# trunk hold), -5 at max_in_flight.
+# KEYS[1]=B; ARGV: owner, now, lease_until, reason, min_interval_s, max_in_flight ('' = none),
+# share_s ('' = no sharing). Returns the index, or -1 not running, -2 none due, -3 unknown
+# campaign, -4 too early (cps or a trunk hold), -5 at max_in_flight, -6 at the owner's fair share
+# of it (gateway.campaign.store.fair_share, which this mirrors).
 _CLAIM_SCRIPT = (
     _DONE
     + _RECOVER
@@ -113,10 +115,29 @@ if redis.call('EXISTS', b) == 0 then return -3 end
 recover(b, ARGV[2], '', ARGV[4])
 if redis.call('HGET', b, 'state') ~= 'running' then return -1 end
 local now = tonumber(ARGV[2])
+-- Recorded before any gate: an owner waiting at a shut gate is still dialling the campaign.
+if ARGV[7] ~= '' then redis.call('HSET', b .. ':dialers', ARGV[1], ARGV[2]) end
 if now < tonumber(redis.call('HGET', b, 'hold_until') or '0') then return -4 end
 local last = redis.call('HGET', b, 'last_dial')
 if last and now < tonumber(last) + tonumber(ARGV[5]) then return -4 end
-if ARGV[6] ~= '' and redis.call('ZCARD', b .. ':claimed') >= tonumber(ARGV[6]) then return -5 end
+if ARGV[6] ~= '' then
+  local cap = tonumber(ARGV[6])
+  if redis.call('ZCARD', b .. ':claimed') >= cap then return -5 end
+  if ARGV[7] ~= '' then
+    local since, active = now - tonumber(ARGV[7]), 0
+    local seen = redis.call('HGETALL', b .. ':dialers')
+    for j = 1, #seen, 2 do
+      if tonumber(seen[j + 1]) >= since then active = active + 1 end
+    end
+    if active > 1 then
+      local mine = 0
+      for _, i in ipairs(redis.call('ZRANGE', b .. ':claimed', 0, -1)) do
+        if redis.call('HGET', b .. ':k:' .. i, 'owner') == ARGV[1] then mine = mine + 1 end
+      end
+      if mine >= math.ceil(cap / active) then return -6 end
+    end
+  end
+end
 local due = redis.call('ZRANGEBYSCORE', b .. ':due', '-inf', ARGV[2], 'LIMIT', 0, 1)
 if #due == 0 then return -2 end
 local i = due[1]
@@ -306,7 +327,8 @@ class RedisCampaignStore(CampaignStore):
         pipe.hgetall(b)
         pipe.zcard(f"{b}:due")
         pipe.zcard(f"{b}:claimed")
-        raw, pending, in_flight = await pipe.execute()
+        pipe.hgetall(f"{b}:dialers")
+        raw, pending, in_flight, dialers = await pipe.execute()
         h = {_s(k): _s(v) for k, v in raw.items()}
         if "state" not in h:
             return None
@@ -321,6 +343,7 @@ class RedisCampaignStore(CampaignStore):
             totals,
             last_dial_at=None if last is None else float(last),
             hold_until=float(h.get("hold_until", "0")),
+            dialers={_s(k): float(v) for k, v in sorted(dialers.items())},
         )
 
     async def campaign_ids(self) -> list[str]:
@@ -379,11 +402,13 @@ class RedisCampaignStore(CampaignStore):
         *,
         min_interval_s: float = 0.0,
         max_in_flight: int | None = None,
+        share_s: float | None = None,
     ) -> Claim | None:
         b = self._key(campaign_id)
         lease_until = now + lease_s
         cap = "" if max_in_flight is None else str(max_in_flight)
-        args = [owner, repr(now), repr(lease_until), INTERRUPTED, repr(min_interval_s), cap]
+        share = "" if share_s is None else repr(share_s)
+        args = [owner, repr(now), repr(lease_until), INTERRUPTED, repr(min_interval_s), cap, share]
         index = int(await self._claim(keys=[b], args=args))
         if index == -3:
             raise UnknownCampaign(campaign_id)

@@ -4,9 +4,11 @@ the store hands out a contact (atomically, so other gateways may run the same ca
 the real dialler; tests pass a fake).
 
 Order per dial: claim → ``start_attempt`` (durable, *before* the INVITE) → ``dial`` → record the
-outcome and the retry time (:func:`retry_at`). A live call renews its claim's lease every third
-of the lease so no other gateway settles it as interrupted. A 503 with Retry-After (or without:
-the pacer's default) pauses this gateway's dialling (RFC 3261 §21.5.4).
+outcome and the retry time (:func:`retry_at`). Gateways running the same campaign split its
+``max_concurrent`` evenly between them (:func:`gateway.campaign.store.fair_share`). A live call
+renews its claim's lease every third of the lease so no other gateway settles it as interrupted.
+A 503 with Retry-After (or without: the pacer's default) pauses this gateway's dialling
+(RFC 3261 §21.5.4).
 
 Events go to ``emit(name, fields)``: ``campaign.dial``, ``campaign.attempt``,
 ``campaign.trunk_backoff`` and ``campaign.finished``.
@@ -26,7 +28,15 @@ from typing import Any
 from gateway.campaign.outcomes import Outcome
 from gateway.campaign.pacing import Pacer, retry_at
 from gateway.campaign.spec import CampaignSpec
-from gateway.campaign.store import Attempt, CampaignRecord, CampaignState, CampaignStore, Claim
+from gateway.campaign.store import (
+    Attempt,
+    CampaignRecord,
+    CampaignState,
+    CampaignStore,
+    Claim,
+    active_dialers,
+    fair_share,
+)
 
 log = logging.getLogger("voxgate.campaign")
 
@@ -62,6 +72,7 @@ class CampaignRunner:
         clock: Callable[[], float] = time.time,
         lease_s: float = 120.0,
         poll_s: float = 1.0,
+        share_s: float | None = None,
     ) -> None:
         self.store = store
         self.campaign_id = campaign_id
@@ -72,6 +83,9 @@ class CampaignRunner:
         self.clock = clock
         self.lease_s = lease_s
         self.poll_s = poll_s
+        # This runner asks for a claim at least every poll_s while it wants to dial, so three
+        # polls without an ask mean it has stopped (see store.fair_share).
+        self.share_s = 3.0 * poll_s if share_s is None else share_s
         self.pacer = Pacer(spec.cps, spec.max_concurrent, spec.window)
         self._live: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -100,6 +114,7 @@ class CampaignRunner:
                     self.lease_s,
                     min_interval_s=self.pacer.interval,
                     max_in_flight=self.spec.max_concurrent,
+                    share_s=self.share_s,
                 )
                 if claim is None:
                     if (state := await self._idle(now)) is not None:
@@ -134,7 +149,12 @@ class CampaignRunner:
         if (state := self._over(record)) is not None:
             return state
         wake_at = now + self.poll_s
-        if record.totals.in_flight < self.spec.max_concurrent:
+        # At our share of the cap, the next slot is not ours: wait for a call of ours to end
+        # (or the next poll) instead of racing the others at every gate.
+        share = fair_share(
+            self.spec.max_concurrent, active_dialers(record.dialers, now, self.share_s)
+        )
+        if record.totals.in_flight < self.spec.max_concurrent and len(self._live) < share:
             due = await self.store.next_due(self.campaign_id)
             if due is not None:
                 gate = record.hold_until

@@ -31,7 +31,9 @@ from gateway.campaign.store import (
     StoreError,
     Totals,
     UnknownCampaign,
+    active_dialers,
     check_transition,
+    fair_share,
 )
 
 T = TypeVar("T")
@@ -64,6 +66,12 @@ CREATE INDEX IF NOT EXISTS contacts_due ON contacts (campaign, next_at)
 CREATE INDEX IF NOT EXISTS contacts_claimed ON contacts (campaign, lease_until)
     WHERE owner IS NOT NULL;
 CREATE INDEX IF NOT EXISTS contacts_open ON contacts (campaign) WHERE final IS NULL;
+CREATE TABLE IF NOT EXISTS dialers (
+    campaign TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    seen_at REAL NOT NULL,
+    PRIMARY KEY (campaign, owner)
+);
 CREATE TABLE IF NOT EXISTS attempts (
     campaign TEXT NOT NULL,
     idx INTEGER NOT NULL,
@@ -181,6 +189,7 @@ class SqliteCampaignStore(CampaignStore):
                 totals,
                 last_dial_at=row[3],
                 hold_until=row[4],
+                dialers=_dialers(db, campaign_id),
             )
 
         return await self._run(body)
@@ -247,6 +256,7 @@ class SqliteCampaignStore(CampaignStore):
         *,
         min_interval_s: float = 0.0,
         max_in_flight: int | None = None,
+        share_s: float | None = None,
     ) -> Claim | None:
         def body(db: sqlite3.Connection) -> Claim | None:
             _recover(db, campaign_id, now, None)
@@ -256,7 +266,15 @@ class SqliteCampaignStore(CampaignStore):
             if gates is None:
                 raise UnknownCampaign(campaign_id)
             state, last_dial, hold_until = gates
-            if state != CampaignState.RUNNING.value or now < hold_until:
+            if state != CampaignState.RUNNING.value:
+                return None
+            if share_s is not None:  # before any gate, as in the Redis store's script
+                db.execute(
+                    """INSERT INTO dialers (campaign, owner, seen_at) VALUES (?, ?, ?)
+                       ON CONFLICT (campaign, owner) DO UPDATE SET seen_at = excluded.seen_at""",
+                    (campaign_id, owner, now),
+                )
+            if now < hold_until:
                 return None
             if last_dial is not None and now < last_dial + min_interval_s:
                 return None
@@ -267,6 +285,14 @@ class SqliteCampaignStore(CampaignStore):
                 ).fetchone()
                 if claimed >= max_in_flight:
                     return None
+                if share_s is not None:
+                    active = active_dialers(_dialers(db, campaign_id), now, share_s)
+                    (mine,) = db.execute(
+                        "SELECT count(*) FROM contacts WHERE campaign = ? AND owner = ?",
+                        (campaign_id, owner),
+                    ).fetchone()
+                    if mine >= fair_share(max_in_flight, active):
+                        return None
             lease_until = now + lease_s
             # One statement: the row is chosen and taken under the write lock BEGIN IMMEDIATE
             # holds; "owner IS NULL" is re-checked on the row itself.
@@ -419,6 +445,13 @@ def _state(db: sqlite3.Connection, campaign_id: str) -> CampaignState:
     if row is None:
         raise UnknownCampaign(campaign_id)
     return CampaignState(row[0])
+
+
+def _dialers(db: sqlite3.Connection, campaign_id: str) -> dict[str, float]:
+    rows = db.execute(
+        "SELECT owner, seen_at FROM dialers WHERE campaign = ? ORDER BY owner", (campaign_id,)
+    )
+    return {owner: float(seen) for owner, seen in rows}
 
 
 def _attempts(db: sqlite3.Connection, campaign_id: str, index: int) -> list[Attempt]:

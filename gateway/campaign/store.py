@@ -22,6 +22,15 @@ final outcome is ``failed``. Calling somebody twice is the failure the issue for
 call to a crash is the lesser harm, and it is visible in the record. A live call must therefore
 renew its lease (:meth:`CampaignStore.renew`) before it runs out.
 
+**Several gateways on one campaign** share its pacing gates (cps, a trunk hold, the in-flight
+cap), all checked inside the claim. The in-flight cap is also *shared out*: an owner that asked
+for a claim within the last ``share_s`` seconds is dialling the campaign, and while ``n`` owners
+are, none may hold more than ``ceil(max_in_flight / n)`` claims (:func:`fair_share`). Without
+that, the gateway whose own call just ended is always first to ask for the freed slot (it is
+woken by the hang-up; the others only poll), so the first gateway to fill the cap keeps it and
+the others never dial. An owner that stops asking (it died, or its window closed) drops out
+after ``share_s`` and the rest may use its part of the cap again.
+
 States: ``running`` ⇄ ``paused``; either → ``cancelled`` (pending contacts get the final outcome
 ``cancelled``; live calls finish and keep their outcome, without retries); ``running``/``paused``
 → ``done`` by itself when no contact is pending or in flight.
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -177,6 +187,8 @@ class CampaignRecord:
     # was claimed for dialling, and until when a trunk 503 holds all dialling.
     last_dial_at: float | None = None
     hold_until: float = 0.0
+    # Owner -> when it last asked for a claim with a ``share_s`` (see :func:`fair_share`).
+    dialers: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -187,6 +199,7 @@ class CampaignRecord:
             "totals": self.totals.to_json(),
             "last_dial_at": self.last_dial_at,
             "hold_until": self.hold_until,
+            "dialers": dict(self.dialers),
         }
 
 
@@ -231,12 +244,15 @@ class CampaignStore(abc.ABC):
         *,
         min_interval_s: float = 0.0,
         max_in_flight: int | None = None,
+        share_s: float | None = None,
     ) -> Claim | None:
         """Atomically claim one due contact (``next_attempt_at <= now``) of a running campaign,
         after recovering expired claims; None when there is none or a campaign-wide gate is
         shut. The gates make pacing hold across gateways sharing the campaign: at least
         ``min_interval_s`` (1/cps) since the last claim of any gateway, ``now`` not before a
         trunk hold (:meth:`hold`), and fewer than ``max_in_flight`` contacts claimed in all.
+        With ``share_s``, the ask is recorded (``dialers``) and ``owner`` may hold no more
+        than its :func:`fair_share` of ``max_in_flight``.
         A successful claim is the dial's time: ``last_dial_at`` becomes ``now``."""
 
     @abc.abstractmethod
@@ -284,6 +300,18 @@ class CampaignStore(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+def active_dialers(dialers: Mapping[str, float], now: float, share_s: float) -> int:
+    """How many owners asked for a claim within ``share_s`` of ``now`` (at least 1: the one
+    asking counts itself)."""
+    return max(1, sum(1 for seen in dialers.values() if seen >= now - share_s))
+
+
+def fair_share(max_in_flight: int, active: int) -> int:
+    """The most claims one of ``active`` owners may hold: the cap split evenly, rounded up so
+    that the shares add up to at least the cap (the cap itself still holds in all)."""
+    return math.ceil(max_in_flight / max(1, active))
 
 
 def check_transition(current: CampaignState, wanted: CampaignState) -> None:

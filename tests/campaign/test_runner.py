@@ -254,3 +254,27 @@ async def test_paused_dials_nothing_until_resumed(make_store: StoreFactory) -> N
     await store.set_state("c", CampaignState.RUNNING)
     assert await asyncio.wait_for(task, 30) == CampaignState.DONE
     assert dial.calls == Counter({0: 1, 1: 1, 2: 1})
+
+
+async def test_a_gateway_joining_late_gets_its_share_of_the_cap(make_store: StoreFactory) -> None:
+    """A fills max_concurrent alone; B then joins. A's own hang-ups wake A at once while B only
+    polls, so without the store's fair share A would take every freed slot back and B would
+    never dial: with it, A drains to its half and B dials about half of what is left."""
+    cap, n = 4, 24
+    spec = _spec(cps=100.0, max_concurrent=cap)
+    a, b = make_store(), make_store()
+    await a.create("c", spec.to_json(), _contacts(n), time.time())
+    ok = DialResult(Outcome.HUMAN, 200)
+    dial_a, dial_b = FakeDial(lambda i, k: ok, 0.25), FakeDial(lambda i, k: ok, 0.25)
+    # share_s well above poll_s: a stall of the box must not make B look gone.
+    run_a = CampaignRunner(a, "c", spec, dial_a, owner="gw-a", poll_s=0.05, share_s=2.0)
+    run_b = CampaignRunner(b, "c", spec, dial_b, owner="gw-b", poll_s=0.05, share_s=2.0)
+    task_a = asyncio.create_task(run_a.run())
+    await _until(lambda: dial_a.live == cap)
+    task_b = asyncio.create_task(run_b.run())
+    states = await asyncio.wait_for(asyncio.gather(task_a, task_b), 60)
+    assert list(states) == [CampaignState.DONE, CampaignState.DONE]
+    assert sum(dial_a.calls.values()) + sum(dial_b.calls.values()) == n
+    assert not set(dial_a.calls) & set(dial_b.calls)  # nobody twice
+    assert dial_b.peak <= cap // 2  # B never takes more than its half either
+    assert sum(dial_b.calls.values()) >= (n - cap) // 4, (dial_a.calls, dial_b.calls)

@@ -17,6 +17,8 @@ from gateway.campaign.store import (
     CampaignStore,
     StoreError,
     UnknownCampaign,
+    active_dialers,
+    fair_share,
 )
 from tests.campaign.conftest import StoreFactory
 
@@ -270,3 +272,56 @@ async def test_campaign_wide_gates_on_claims(make_store: StoreFactory) -> None:
     assert rec is not None and rec.hold_until == T0 + 100
     with pytest.raises(UnknownCampaign):
         await a.hold("nope", T0)
+
+
+async def test_the_in_flight_cap_is_shared_between_the_owners_dialling(
+    make_store: StoreFactory,
+) -> None:
+    """With ``share_s``, the owners that asked within ``share_s`` split ``max_in_flight``:
+    the one that filled the cap first cannot take the slots it frees back while another is
+    asking; an owner that stops asking drops out and the cap is whole again."""
+    a, b = make_store(), make_store()
+    await a.create("c", SPEC, _contacts(12), T0)
+
+    async def claim(store: CampaignStore, owner: str, now: float) -> int | None:
+        got = await store.claim("c", owner, now, 600, max_in_flight=4, share_s=3.0)
+        return None if got is None else got.index
+
+    held = [await claim(a, "gw-a", T0) for _ in range(4)]  # alone: the whole cap
+    assert None not in held and await claim(a, "gw-a", T0) is None
+    assert await claim(b, "gw-b", T0 + 1) is None  # the cap is full; but b is now dialling
+    rec = await b.get("c")
+    assert rec is not None and rec.dialers == {"gw-a": T0, "gw-b": T0 + 1}
+
+    for i in held[:2]:  # two of a's calls end
+        assert i is not None
+        assert await a.finish_attempt("c", i, "gw-a", Attempt(T0, T0 + 2, Outcome.HUMAN), None)
+    # a still holds 2 = ceil(4 / 2): the freed slots are b's, although a asks first.
+    assert await claim(a, "gw-a", T0 + 2) is None
+    on_b = [await claim(b, "gw-b", T0 + 2) for _ in range(2)]
+    assert None not in on_b
+    assert await claim(b, "gw-b", T0 + 2) is None  # and the cap holds in all
+
+    # b stops asking, and every call ends.
+    for store, owner, i in [(a, "gw-a", held[2]), (a, "gw-a", held[3]),
+                            (b, "gw-b", on_b[0]), (b, "gw-b", on_b[1])]:  # fmt: skip
+        assert i is not None
+        assert await store.finish_attempt("c", i, owner, Attempt(T0, T0 + 4, Outcome.HUMAN), None)
+    # b asked 2.5 s ago: it still counts, and a's share is 2 of the 4 free slots.
+    assert [await claim(a, "gw-a", T0 + 4.5) is not None for _ in range(3)] == [True, True, False]
+    # b's last ask is 3.5 s old: a alone is dialling and may fill the cap.
+    assert [await claim(a, "gw-a", T0 + 5.5) is not None for _ in range(3)] == [True, True, False]
+
+    # Without share_s nothing is recorded or shared (one gateway, or a caller that opts out).
+    await a.create("d", SPEC, _contacts(3), T0)
+    assert await a.claim("d", "gw-a", T0, 600, max_in_flight=2) is not None
+    assert await b.claim("d", "gw-b", T0, 600, max_in_flight=2) is not None
+    rec = await a.get("d")
+    assert rec is not None and rec.dialers == {}
+
+
+def test_fair_share_rounds_up_and_counts_the_asker() -> None:
+    assert [fair_share(5, n) for n in (0, 1, 2, 3, 5, 9)] == [5, 5, 3, 2, 1, 1]
+    seen = {"a": 100.0, "b": 97.0, "c": 96.9}
+    assert active_dialers(seen, 100.0, 3.0) == 2  # c's ask is older than share_s
+    assert active_dialers({}, 100.0, 3.0) == 1

@@ -79,6 +79,7 @@ def test_aliases_map_onto_keys() -> None:
         ("[gateway]\nrtp_port_min = 20000\nrtp_port_max = 10000\n", {}, "gateway.rtp_port_min"),
         ('[gateway]\ntrunk = "example.com"\n', {}, "gateway.trunk"),
         ("[gateway]\nregister = true\n", {}, "gateway.register"),
+        ("[gateway]\nsip_t1_ms = 20\n", {}, "gateway.sip_t1_ms"),
         ('[ivr.menu]\n"12" = "x"\n', {}, "ivr.menu"),
         ('[ivr]\nhangup_digits = "5"\n', {}, "ivr.hangup_digits"),
         ("", {"VOXGATE_IVR_MENU": "{not json"}, "ivr.menu"),

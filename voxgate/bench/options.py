@@ -147,6 +147,11 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
         help="bus.cancel_ttl_s of the gateway and worker: how long cancel markers live (30)",
     )  # fmt: skip
     p.add_argument(
+        "--sip-t1-ms", type=int, default=500,
+        help="gateway.sip_t1_ms: SIP T1; UDP server transactions linger 64×T1 after the last "
+        "call (500: 32 s)",
+    )  # fmt: skip
+    p.add_argument(
         "--settle-s", type=float, default=90.0,
         help="after the last call, wait at most this long for everything to be released (90)",
     )  # fmt: skip

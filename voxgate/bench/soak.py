@@ -52,11 +52,12 @@ Verdicts at the end:
   (the 3-minute test) judges RSS against ``rss_bytes_per_call`` instead: above what a dead
   call holds until that collection, so still a leak of a call's audio or its objects.
 * *nothing left behind*: after the last call ends: 0 calls, 0 SIP transactions (UDP server
-  transactions linger 32 s, RFC 3261 §17.2.2 Timer J), tasks back to the idle count, fds back
-  to the idle count, no audio stream, cancel marker or "gone" marker left in Redis (markers
-  expire after ``bus.cancel_ttl_s``; the soak sets it to ``--cancel-ttl-s``, 30 s by default,
-  so the wait is bounded), the gateway's Redis connections within its pool's bound. Waited
-  for up to ``--settle-s``; the time each took is reported.
+  transactions linger 64×T1, 32 s at the default ``--sip-t1-ms``: RFC 3261 §17.2.2 Timer J),
+  tasks back to the idle count, fds back to the idle count, no audio stream, cancel marker or
+  "gone" marker left in Redis (markers expire after ``bus.cancel_ttl_s``; the soak sets it to
+  ``--cancel-ttl-s``, 30 s by default, so the wait is bounded), the gateway's Redis
+  connections within its pool's bound. Waited for up to ``--settle-s``; the time each took is
+  reported.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class SoakOptions:
     redis: str | None = None  # None: a private redis-server
     cancel_ttl_s: float = 30.0
     settle_s: float = 90.0
+    sip_t1_ms: int = 500
     seed: int = 1
     engine: str = "onnx"
     hangup_share: float = 0.1
@@ -849,6 +851,7 @@ def run_soak(opts: SoakOptions) -> dict[str, Any]:
             [*cli, "gateway", *bus, "--sip-listen", f"127.0.0.1:{sip_port}",
              "--http-listen", f"127.0.0.1:{http_port}",
              "--gateway-max-calls", str(opts.calls + 20),
+             "--gateway-sip-t1-ms", str(opts.sip_t1_ms),
              "--gateway-rtp-port-min", "36000", "--gateway-rtp-port-max", "44000",
              "--ivr-idle-timeout-s", "0", "--log-level", "warning"],
             work / "gateway.log", env,
@@ -1033,6 +1036,7 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
         redis=args.redis,
         cancel_ttl_s=args.cancel_ttl_s,
         settle_s=args.settle_s,
+        sip_t1_ms=args.sip_t1_ms,
         seed=args.seed,
         engine=args.engine,
         warmup_calls=args.warmup_calls,

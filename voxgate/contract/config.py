@@ -238,6 +238,10 @@ class GatewayConfig:
     from_user: str = "voxgate"
     # Ring (180) this long before answering an incoming call, as a person would; 0 answers at once.
     answer_delay_ms: int = 0
+    # SIP timer T1, the round-trip estimate every retransmission and transaction lifetime is
+    # scaled from (RFC 3261 §17.1.1.1: 500 ms; larger is RECOMMENDED on high-latency links,
+    # smaller only in closed private networks). Timers B, F, H, J and L are 64×T1.
+    sip_t1_ms: int = 500
     # While no warmed-up worker is serving, OPTIONS and INVITE get 503 + Retry-After; with this
     # set, an INVITE is held up to this long for a worker first, then answered or refused.
     unready_wait_ms: int = 0
@@ -331,6 +335,8 @@ class GatewayConfig:
             raise ConfigError(
                 f"gateway.answer_delay_ms: must be 0-60000, got {self.answer_delay_ms}"
             )
+        if not 50 <= self.sip_t1_ms <= 10000:
+            raise ConfigError(f"gateway.sip_t1_ms: must be 50-10000, got {self.sip_t1_ms}")
         if not 0 <= self.unready_wait_ms <= 60000:
             raise ConfigError(
                 f"gateway.unready_wait_ms: must be 0-60000, got {self.unready_wait_ms}"

@@ -98,7 +98,7 @@ from gateway.sip.refer import (
     decline_refer,
     refer_target,
 )
-from gateway.sip.transaction import State
+from gateway.sip.transaction import State, TimerConfig
 from voxgate.contract.config import GatewayConfig, parse_hostport
 from voxgate.contract.dtmf import is_dtmf_key
 
@@ -284,7 +284,8 @@ class SipUA:
         self.manager = manager
         self.ticker = ticker
         self.limits = SourceLimits(LimitSettings.from_config(cfg))
-        self.layer = TransactionLayer(limits=self.limits)
+        t1 = cfg.sip_t1_ms / 1000  # T2 caps retransmit intervals: never below T1 (§17.1.2.2)
+        self.layer = TransactionLayer(TimerConfig(t1=t1, t2=max(4.0, t1)), limits=self.limits)
         # Who may call: trunk allow-lists, digest auth, the registrar (gateway.sip.access).
         self.gate = build_gatekeeper(cfg, self.limits)
         self.transport: SipTransport

@@ -403,6 +403,19 @@ class EventFeed:
             if e.get("type") == type_ and (call_id is None or e.get("call_id") == call_id)
         ]
 
+    async def wait_count(
+        self, n: int, type_: str, timeout: float = 10.0, **match: object
+    ) -> list[dict[str, Any]]:
+        """The events matching once there are ``n`` of them (the websocket delivers an event
+        a moment after the state it reports shows in the REST API); all there are at the
+        deadline otherwise, for the caller's assertion to show."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [e for e in self.of(type_) if all(e.get(k) == v for k, v in match.items())]
+            if len(found) >= n or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.05)
+
     async def wait_for(self, type_: str, timeout: float = 15.0, **match: object) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:

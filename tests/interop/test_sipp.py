@@ -349,8 +349,8 @@ async def test_load_50_concurrent_calls(gateway: GatewayProc, sipp: Sipp) -> Non
         result = await sipp.wait(run)
         result.assert_ok(calls=50)
         await gateway.wait_no_calls(timeout=30)
+        ended = await feed.wait_count(50, "call.state", state="ended")
         answered = {e["call_id"] for e in feed.of("call.state") if e["state"] == "answered"}
-        ended = [e for e in feed.of("call.state") if e["state"] == "ended"]
         assert len(answered) == 50
         assert len(ended) == 50 and all(e["reason"] == "remote hangup" for e in ended), ended
     assert peak >= 30, f"calls never overlapped much (peak {peak})"
